@@ -1,0 +1,52 @@
+#include "core/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sched.h>
+
+#include <cstring>
+#include <thread>
+
+namespace swiftcpp {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+int configure_threads(int threads) {
+  const int n = threads > 0 ? threads : usable_cores();
+  at::set_num_threads(n);
+  return n;
+}
+
+std::string loaded_blas() {
+  // The library that provides sgemm_ to the process is the one LibTorch's matmuls call.
+  void* symbol = dlsym(RTLD_DEFAULT, "sgemm_");
+  if (symbol == nullptr) symbol = dlsym(RTLD_DEFAULT, "cblas_sgemm");
+  Dl_info info{};
+  if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  char resolved[PATH_MAX];
+  const std::string path = realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+  if (path.find("openblas") != std::string::npos) return "openblas";
+  if (path.find("mkl") != std::string::npos) return "mkl";
+  if (path.find("blis") != std::string::npos) return "blis";
+  if (path.find("libblas") != std::string::npos) return "reference";
+  return "unknown";
+}
+
+std::string blas_warning() {
+  if (loaded_blas() != "reference") return {};
+  return "only the reference BLAS is loaded: matrix products run about 30x slower. Install an optimised one "
+         "(`apt-get install libopenblas0-openmp`, or run scripts/setup.sh).";
+}
+
+}  // namespace swiftcpp
