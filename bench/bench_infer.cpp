@@ -1,1 +1,113 @@
-// placeholder
+// Inference benchmark: prefill and greedy decode tokens/s and peak RSS, printed as one JSON line so
+// bench/run.sh can put it beside the eager PyTorch baseline (bench/baseline_infer.py).
+#include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <sys/resource.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "core/json.h"
+#include "core/runtime.h"
+#include "infer/sampling.h"
+#include "models/decoder/decoder.h"
+#include "nn/attention.h"
+
+using namespace swiftcpp;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Json stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {{"median", v[v.size() / 2]}, {"min", v.front()}, {"max", v.back()}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"swiftcpp inference benchmark"};
+  std::string model_dir, prompt_ids_file, device = "cpu", dtype = "float32", attention = "auto";
+  int64_t prompt_len = 128, new_tokens = 128;
+  int threads = 2, runs = 3;
+  app.add_option("--model", model_dir, "model folder")->required();
+  app.add_option("--prompt-len", prompt_len, "prompt tokens");
+  app.add_option("--new-tokens", new_tokens, "generated tokens (the first comes from the prefill)");
+  app.add_option("--prompt-ids", prompt_ids_file, "JSON file with the prompt ids (shared with the baseline)");
+  app.add_option("--threads", threads, "CPU threads");
+  app.add_option("--runs", runs, "timed runs after one warm-up");
+  app.add_option("--device", device, "cpu or cuda");
+  app.add_option("--dtype", dtype, "float32, bfloat16 or float16");
+  app.add_option("--attention", attention, "auto, math or sdpa");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    configure_threads(threads);
+    if (attention == "math") nn::set_attention_backend(nn::AttentionBackend::kMath);
+    if (attention == "sdpa") nn::set_attention_backend(nn::AttentionBackend::kSdpa);
+    LoadOptions load{parse_device(device), parse_dtype(dtype)};
+    CausalLM model = load_causal_lm(model_dir, load);
+    std::vector<int64_t> prompt;
+    if (!prompt_ids_file.empty()) {
+      prompt = load_json_file(prompt_ids_file).get<std::vector<int64_t>>();
+    } else {
+      for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(3 + (i * 7919) % (model->config().vocab_size - 3));
+    }
+    prompt_len = static_cast<int64_t>(prompt.size());
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    Sampler sampler(greedy);
+    c10::InferenceMode guard;
+    const at::Tensor input = at::tensor(prompt, at::kLong).view({1, -1}).to(load.device);
+    std::vector<double> prefill_rates, decode_rates;
+    std::vector<int64_t> generated;
+    for (int r = 0; r < runs + 1; ++r) {
+      std::vector<int64_t> ids;
+      nn::KVCache cache = model->make_cache(1, prompt_len + new_tokens);
+      ForwardOptions options;
+      options.cache = &cache;
+      options.last_token_only = true;
+      // Prefill: the prompt's forward and the first new token.
+      const double t0 = now();
+      at::Tensor next = sampler.sample(model->forward(input, options).select(1, 0), {});
+      ids.push_back(next.item<int64_t>());
+      const double t1 = now();
+      // Decode: new_tokens - 1 single-token steps, each ending with the host knowing the token.
+      for (int64_t i = 1; i < new_tokens; ++i) {
+        next = sampler.sample(model->forward(next.view({1, 1}).to(load.device), options).select(1, 0), {});
+        ids.push_back(next.item<int64_t>());
+      }
+      const double t2 = now();
+      if (r == 0) {
+        generated = ids;
+        continue;  // warm-up
+      }
+      prefill_rates.push_back(prompt_len / (t1 - t0));
+      decode_rates.push_back((new_tokens - 1) / (t2 - t1));
+    }
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    Json out = {{"impl", "swiftcpp"},
+                {"model", model_dir},
+                {"threads", threads},
+                {"device", device},
+                {"dtype", dtype},
+                {"blas", loaded_blas()},
+                {"prompt_len", prompt_len},
+                {"new_tokens", new_tokens},
+                {"prefill_tok_s", stats(prefill_rates)},
+                {"decode_tok_s", stats(decode_rates)},
+                {"peak_rss_mb", usage.ru_maxrss / 1024.0},
+                {"generated_ids", generated},
+                {"torch_version", TORCH_VERSION}};
+    std::cout << out.dump() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "swiftcpp_bench_infer: " << e.what() << std::endl;
+    return 1;
+  }
+}

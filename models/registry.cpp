@@ -1,1 +1,62 @@
-// placeholder
+#include "models/registry.h"
+
+#include "core/json.h"
+
+namespace swiftcpp {
+
+const std::vector<ArchitectureSpec>& architectures() {
+  static const std::vector<ArchitectureSpec> list = {
+      llama_spec(),
+      mistral_spec(),
+      qwen2_spec(),
+      qwen3_spec(),
+  };
+  return list;
+}
+
+namespace {
+std::string supported_list() {
+  std::string out;
+  for (const auto& spec : architectures()) {
+    if (!out.empty()) out += ", ";
+    out += spec.model_type + " (" + fmt::format("{}", fmt::join(spec.architectures, "/")) + ")";
+  }
+  return out;
+}
+}  // namespace
+
+const ArchitectureSpec& find_architecture(const JsonObject& config) {
+  if (config.has("model_type")) {
+    const auto type = config.get<std::string>("model_type");
+    for (const auto& spec : architectures()) {
+      if (spec.model_type == type) return spec;
+    }
+    fail<ModelError>("{}: model_type '{}' is not supported; supported: {}", config.origin(), type, supported_list());
+  }
+  if (config.has("architectures") && config.raw().at("architectures").is_array()) {
+    for (const auto& name : config.raw().at("architectures")) {
+      for (const auto& spec : architectures()) {
+        for (const auto& arch : spec.architectures) {
+          if (name.is_string() && name.get<std::string>() == arch) return spec;
+        }
+      }
+    }
+    fail<ModelError>("{}: architectures {} not supported; supported: {}", config.origin(),
+                     config.raw().at("architectures").dump(), supported_list());
+  }
+  fail<ModelError>("{}: neither 'model_type' nor 'architectures' is set; supported: {}", config.origin(),
+                   supported_list());
+}
+
+DecoderConfig load_decoder_config(const fs::path& model_dir) {
+  const fs::path path = fs::is_directory(model_dir) ? model_dir / "config.json" : model_dir;
+  if (!fs::exists(path)) fail<IoError>("'{}' not found: a model folder needs a Hugging Face config.json", path.string());
+  const JsonObject json = JsonObject::load(path);
+  const ArchitectureSpec& spec = find_architecture(json);
+  DecoderConfig config = spec.parse_config(json);
+  config.model_type = spec.model_type;
+  config.validate(path.string());
+  return config;
+}
+
+}  // namespace swiftcpp

@@ -1,1 +1,63 @@
-// placeholder
+// swiftcpp: one binary to fine-tune, evaluate, quantize and serve large language models.
+#include <c10/util/Exception.h>
+
+#include <iostream>
+#include <map>
+
+#include "apps/swiftcpp/commands.h"
+#include "core/error.h"
+#include "core/runtime.h"
+
+namespace {
+
+// Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 file missing or unreadable,
+// 4 malformed file, 5 model does not fit its checkpoint.
+int report(const char* kind, const std::string& what, int code) {
+  std::cerr << "swiftcpp: " << kind << ": " << what << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace swiftcpp;
+  CLI::App root{"swiftcpp: fine-tune, evaluate, quantize and serve LLMs from Hugging Face checkpoints"};
+  root.require_subcommand(1);
+  root.set_version_flag("--version", "swiftcpp 0.1.0");
+  app::GlobalOptions globals;
+  root.add_option("--threads", globals.threads, "CPU threads (0: every core this process may use)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::map<CLI::App*, app::CommandRun> commands;
+  app::CommandRun infer = app::add_infer_command(root, globals);
+  commands[root.get_subcommand("infer")] = infer;
+
+  try {
+    root.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return root.exit(e);
+  }
+  try {
+    configure_threads(globals.threads);
+    const std::string warning = blas_warning();
+    if (!warning.empty()) std::cerr << "swiftcpp: warning: " << warning << std::endl;
+    for (auto& [sub, run] : commands) {
+      if (sub->parsed()) return run();
+    }
+    return report("error", "no subcommand chosen", 2);
+  } catch (const ConfigError& e) {
+    return report("error", e.what(), 2);
+  } catch (const IoError& e) {
+    return report("error", e.what(), 3);
+  } catch (const FormatError& e) {
+    return report("error", e.what(), 4);
+  } catch (const ModelError& e) {
+    return report("error", e.what(), 5);
+  } catch (const Error& e) {
+    return report("error", e.what(), 1);
+  } catch (const c10::Error& e) {
+    return report("internal error", e.what_without_backtrace(), 1);
+  } catch (const std::exception& e) {
+    return report("internal error", e.what(), 1);
+  }
+}

@@ -1,1 +1,187 @@
-// placeholder
+#include "infer/generate.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp {
+
+namespace {
+
+// Bytes at the end of `text` that might still grow into a stop string (or finish a UTF-8 character), and so
+// must not be streamed yet.
+size_t holdback(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& stop : stops) {
+    for (size_t n = std::min(stop.size() - 1, text.size()); n > hold; --n) {
+      if (text.compare(text.size() - n, n, stop, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  static const std::string replacement = "\xEF\xBF\xBD";  // an incomplete byte sequence decodes to U+FFFD
+  if (text.size() >= replacement.size() &&
+      text.compare(text.size() - replacement.size(), replacement.size(), replacement) == 0) {
+    hold = std::max(hold, replacement.size());
+  }
+  return hold;
+}
+
+struct RowState {
+  std::vector<int64_t> context;  // last prompt tokens, decoded in front of the new ones so spacing is right
+  std::string context_text;
+  size_t emitted = 0;
+  bool finished = false;
+};
+
+std::vector<int> to_int(const std::vector<int64_t>& ids) { return std::vector<int>(ids.begin(), ids.end()); }
+
+}  // namespace
+
+Generator::Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer)
+    : model_(std::move(model)), tokenizer_(std::move(tokenizer)) {}
+
+std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
+  const std::vector<int> ids = tokenizer_->encode_with_specials(text);
+  if (!ids.empty()) return std::vector<int64_t>(ids.begin(), ids.end());
+  if (!tokenizer_->specials().bos) {
+    fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
+  }
+  return {static_cast<int64_t>(*tokenizer_->specials().bos)};
+}
+
+at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt) {
+  c10::InferenceMode guard;
+  const at::Tensor ids = at::tensor(prompt, at::kLong).view({1, -1}).to(model_->device());
+  return model_->forward(ids).squeeze(0).to(at::kCPU, at::kFloat);  // [T, V]
+}
+
+std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                  const GenerationConfig& config, const TextCallback& on_text) {
+  if (prompts.empty()) return {};
+  if (config.max_new_tokens < 0) fail<ConfigError>("max_new_tokens must be >= 0, got {}", config.max_new_tokens);
+  for (const auto& stop : config.stop_strings) {
+    if (stop.empty()) fail<ConfigError>("stop strings must not be empty");
+  }
+  Sampler sampler(config.sampling);
+  c10::InferenceMode guard;
+
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const int64_t V = model_->config().vocab_size;
+  int64_t longest = 0, shortest = INT64_MAX;
+  for (const auto& p : prompts) {
+    if (p.empty()) fail<ConfigError>("cannot generate from an empty token sequence (start from BOS)");
+    for (int64_t id : p) {
+      if (id < 0 || id >= V) fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
+    }
+    longest = std::max<int64_t>(longest, p.size());
+    shortest = std::min<int64_t>(shortest, p.size());
+  }
+  const bool padded = longest != shortest;
+  const int64_t capacity = longest + std::max<int64_t>(config.max_new_tokens, 1);
+  const at::Device device = model_->device();
+
+  // Left padding: ids [B, L], key_valid [B, capacity], positions restart at 0 at each row's first real token.
+  std::vector<int64_t> flat(B * longest, 0), pos(B * longest, 0), offsets(B);
+  at::Tensor key_valid_cpu = at::ones({B, capacity}, at::kBool);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = prompts[b];
+    const int64_t pad = longest - static_cast<int64_t>(p.size());
+    offsets[b] = pad;
+    for (int64_t j = 0; j < static_cast<int64_t>(p.size()); ++j) {
+      flat[b * longest + pad + j] = p[j];
+      pos[b * longest + pad + j] = j;
+    }
+    if (pad > 0) key_valid_cpu[b].narrow(0, 0, pad).fill_(false);
+  }
+  const at::Tensor key_valid = padded ? key_valid_cpu.to(device) : at::Tensor();
+  at::Tensor seen;
+  if (config.sampling.repetition_penalty != 1.0) {
+    seen = at::zeros({B, V}, at::kBool);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t id : prompts[b]) seen[b][id] = true;
+    }
+  }
+
+  std::vector<GenerationResult> results(B);
+  std::vector<RowState> rows(B);
+  for (int64_t b = 0; b < B; ++b) {
+    results[b].prompt_ids = prompts[b];
+    const auto& p = prompts[b];
+    rows[b].context.assign(p.end() - std::min<size_t>(p.size(), 8), p.end());
+    rows[b].context_text = tokenizer_->decode(to_int(rows[b].context));
+  }
+  if (config.max_new_tokens == 0) {
+    for (auto& r : results) r.finish_reason = "length";
+    return results;
+  }
+
+  nn::KVCache cache = model_->make_cache(B, capacity);
+  ForwardOptions options;
+  options.cache = &cache;
+  options.last_token_only = true;
+  if (padded) {
+    options.position_ids = at::tensor(pos, at::kLong).view({B, longest}).to(device);
+    options.key_valid = key_valid.narrow(1, 0, longest);
+  }
+  at::Tensor logits = model_->forward(at::tensor(flat, at::kLong).view({B, longest}).to(device), options);
+
+  std::vector<int64_t> next_pos(B);
+  for (int64_t b = 0; b < B; ++b) next_pos[b] = static_cast<int64_t>(prompts[b].size());
+  int64_t active = B;
+  for (int64_t step = 0; step < config.max_new_tokens && active > 0; ++step) {
+    const at::Tensor next = sampler.sample(logits.select(1, 0), seen);  // [B] int64 CPU
+    const int64_t* next_ids = next.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      RowState& row = rows[b];
+      if (row.finished) continue;
+      GenerationResult& res = results[b];
+      const int64_t id = next_ids[b];
+      res.new_ids.push_back(id);
+      if (seen.defined()) seen[b][id] = true;
+      const bool is_eos = std::find(config.eos_ids.begin(), config.eos_ids.end(), id) != config.eos_ids.end();
+      std::vector<int64_t> visible = row.context;
+      visible.insert(visible.end(), res.new_ids.begin(), res.new_ids.end() - (is_eos ? 1 : 0));
+      std::string text = tokenizer_->decode(to_int(visible));
+      text = text.compare(0, row.context_text.size(), row.context_text) == 0 ? text.substr(row.context_text.size())
+                                                                             : tokenizer_->decode(to_int(std::vector<int64_t>(res.new_ids.begin(), res.new_ids.end() - (is_eos ? 1 : 0))));
+      size_t stop_at = std::string::npos;
+      for (const auto& stop : config.stop_strings) {
+        const size_t found = text.find(stop, row.emitted > stop.size() ? row.emitted - stop.size() : 0);
+        if (found != std::string::npos) stop_at = std::min(stop_at, found);
+      }
+      if (stop_at != std::string::npos) {
+        text.resize(stop_at);
+        res.finish_reason = "stop";
+      } else if (is_eos) {
+        res.finish_reason = "eos";
+      } else if (static_cast<int64_t>(res.new_ids.size()) >= config.max_new_tokens) {
+        res.finish_reason = "length";
+      }
+      row.finished = !res.finish_reason.empty();
+      const size_t safe = row.finished ? text.size() : text.size() - holdback(text, config.stop_strings);
+      if (on_text && safe > row.emitted) on_text(static_cast<size_t>(b), text.substr(row.emitted, safe - row.emitted));
+      row.emitted = std::max(row.emitted, safe);
+      res.text = std::move(text);
+      if (row.finished) --active;
+    }
+    if (active == 0 || step + 1 == config.max_new_tokens) break;
+    ForwardOptions step_options;
+    step_options.cache = &cache;
+    step_options.last_token_only = true;
+    if (padded) {
+      step_options.position_ids = at::tensor(next_pos, at::kLong).view({B, 1}).to(device);
+      step_options.key_valid = key_valid.narrow(1, 0, cache.length + 1);
+      for (auto& p : next_pos) ++p;
+    }
+    logits = model_->forward(next.view({B, 1}).to(device), step_options);
+  }
+  return results;
+}
+
+}  // namespace swiftcpp

@@ -1,1 +1,100 @@
-// placeholder
+#include "nn/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace swiftcpp::nn {
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias) {
+  weight = register_parameter("weight", at::empty({out_features, in_features}));
+  if (has_bias) bias = register_parameter("bias", at::empty({out_features}));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim) {
+  weight = register_parameter("weight", at::empty({num_embeddings, dim}));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const auto input_dtype = x.scalar_type();
+  // Half-precision inputs are normalised in float32 as Hugging Face does; float64 stays float64.
+  const at::Tensor h = input_dtype == at::kDouble ? x : x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (h * at::rsqrt(variance + eps)).to(input_dtype);
+}
+
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling,
+                                 int64_t initial_positions)
+    : head_dim_(head_dim) {
+  if (head_dim % 2 != 0) fail<ConfigError>("rotary embedding needs an even head_dim, got {}", head_dim);
+  // Same float32 arithmetic as Hugging Face: 1 / theta^(arange(0, d, 2) / d).
+  const at::Tensor exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+  at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);
+  if (scaling.type == "linear") {
+    inv_freq = inv_freq / scaling.factor;
+  } else if (scaling.type == "llama3") {
+    const double old_context = static_cast<double>(scaling.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / scaling.low_freq_factor;
+    const double high_freq_wavelen = old_context / scaling.high_freq_factor;
+    auto* f = inv_freq.data_ptr<float>();
+    for (int64_t i = 0; i < inv_freq.numel(); ++i) {
+      const double freq = f[i];
+      const double wavelen = 2.0 * M_PI / freq;
+      if (wavelen < high_freq_wavelen) continue;
+      if (wavelen > low_freq_wavelen) {
+        f[i] = static_cast<float>(freq / scaling.factor);
+      } else {
+        const double smooth = (old_context / wavelen - scaling.low_freq_factor) /
+                              (scaling.high_freq_factor - scaling.low_freq_factor);
+        f[i] = static_cast<float>((1.0 - smooth) * freq / scaling.factor + smooth * freq);
+      }
+    }
+  } else if (scaling.type != "default") {
+    fail<ConfigError>("unsupported rope_scaling type '{}' (supported: default, linear, llama3)", scaling.type);
+  }
+  inv_freq_ = inv_freq;
+  grow(std::max<int64_t>(initial_positions, 1), at::Device(at::kCPU));
+}
+
+void RotaryEmbedding::grow(int64_t positions, const at::Device& device) {
+  // freqs[p, i] = p * inv_freq[i] in float32; emb = [freqs, freqs] (rotate-half layout).
+  const at::Tensor p = at::arange(positions, at::kLong).to(at::kFloat);
+  const at::Tensor freqs = p.unsqueeze(1) * inv_freq_.unsqueeze(0);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  cos_ = emb.cos().to(device);
+  sin_ = emb.sin().to(device);
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& positions, int64_t position_bound,
+                                                           at::ScalarType dtype) {
+  // positions: [B, T]
+  const int64_t needed = std::max<int64_t>(position_bound, 1);
+  if (needed > cos_.size(0) || cos_.device() != positions.device()) {
+    grow(std::max<int64_t>(needed, cos_.size(0)), positions.device());
+  }
+  const at::Tensor flat = positions.reshape({-1});
+  const auto shape = std::vector<int64_t>{positions.size(0), 1, positions.size(1), head_dim_};
+  at::Tensor cos = cos_.index_select(0, flat).view(shape).to(dtype);
+  at::Tensor sin = sin_.index_select(0, flat).view(shape).to(dtype);
+  return {cos, sin};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor x1 = x.narrow(-1, 0, half);
+  const at::Tensor x2 = x.narrow(-1, half, half);
+  const at::Tensor rotated = at::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace swiftcpp::nn

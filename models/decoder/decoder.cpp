@@ -1,1 +1,216 @@
-// placeholder
+#include "models/decoder/decoder.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <set>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "models/registry.h"
+
+namespace swiftcpp {
+
+AttentionImpl::AttentionImpl(const DecoderConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  q_proj = register_module("q_proj", nn::Linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+  k_proj = register_module("k_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  v_proj = register_module("v_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  o_proj = register_module("o_proj", nn::Linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", nn::RMSNorm(head_dim_, c.rms_norm_eps));
+    k_norm = register_module("k_norm", nn::RMSNorm(head_dim_, c.rms_norm_eps));
+  }
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  const at::Tensor& mask, nn::KVCache* cache, int64_t layer) {
+  const int64_t B = x.size(0), T = x.size(1);
+  // x: [B, T, D] -> q: [B, T, H, Dh], k/v: [B, T, Hkv, Dh]
+  at::Tensor q = q_proj(x).view({B, T, heads_, head_dim_});
+  at::Tensor k = k_proj(x).view({B, T, kv_heads_, head_dim_});
+  at::Tensor v = v_proj(x).view({B, T, kv_heads_, head_dim_});
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  // -> [B, H, T, Dh]
+  q = nn::apply_rotary(q.transpose(1, 2), cos, sin);
+  k = nn::apply_rotary(k.transpose(1, 2), cos, sin);
+  v = v.transpose(1, 2);
+  if (cache != nullptr) {
+    const int64_t past = cache->length;
+    TORCH_CHECK(past + T <= cache->capacity(), "KV cache overflow: ", past + T, " > ", cache->capacity());
+    at::Tensor& ck = cache->keys[layer];
+    at::Tensor& cv = cache->values[layer];
+    ck.narrow(2, past, T).copy_(k);
+    cv.narrow(2, past, T).copy_(v);
+    k = ck.narrow(2, 0, past + T);  // [B, Hkv, S, Dh]
+    v = cv.narrow(2, 0, past + T);
+  }
+  const at::Tensor out = nn::attention(q, k, v, mask);  // [B, H, T, Dh]
+  return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+MLPImpl::MLPImpl(const DecoderConfig& c) {
+  gate_proj = register_module("gate_proj", nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", nn::Linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  at::Tensor gate = gate_proj(x);
+  at::silu_(gate);
+  return down_proj(gate.mul_(up_proj(x)));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c) {
+  self_attn = register_module("self_attn", Attention(c));
+  mlp = register_module("mlp", MLP(c));
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                     const at::Tensor& mask, nn::KVCache* cache, int64_t layer) {
+  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, layer);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+DecoderBodyImpl::DecoderBodyImpl(const DecoderConfig& c) {
+  embed_tokens = register_module("embed_tokens", nn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
+  norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+CausalLMImpl::CausalLMImpl(DecoderConfig config)
+    : config_(std::move(config)),
+      rotary_(config_.head_dim, config_.rope_theta, config_.rope_scaling, config_.max_position_embeddings) {
+  model = register_module("model", DecoderBody(config_));
+  if (!config_.tie_word_embeddings) {
+    lm_head = register_module("lm_head", nn::Linear(config_.hidden_size, config_.vocab_size, false));
+  }
+}
+
+at::Device CausalLMImpl::device() const { return model->embed_tokens->weight.device(); }
+at::ScalarType CausalLMImpl::dtype() const { return model->embed_tokens->weight.scalar_type(); }
+
+nn::KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
+  return nn::KVCache(config_.num_hidden_layers, batch, config_.num_key_value_heads, capacity, config_.head_dim,
+                     at::TensorOptions().dtype(dtype()).device(device()));
+}
+
+at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const ForwardOptions& options) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  const int64_t past = options.cache != nullptr ? options.cache->length : 0;
+  const at::Device dev = input_ids.device();
+  at::Tensor positions = options.position_ids;
+  if (!positions.defined()) {
+    positions = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong).device(dev)).unsqueeze(0).expand({B, T});
+  }
+  at::Tensor h = model->embed_tokens(input_ids);  // [B, T, D]
+  auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
+  const at::Tensor mask = nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    h = model->layers[i]->as<DecoderLayer>()->forward(h, cos, sin, mask, options.cache, i);
+  }
+  if (options.cache != nullptr) options.cache->length = past + T;
+  if (options.last_token_only) h = h.narrow(1, T - 1, 1);
+  return model->norm(h);
+}
+
+at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
+  return lm_head ? lm_head(hidden) : at::linear(hidden, model->embed_tokens->weight);
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& options) {
+  return logits(hidden_states(input_ids, options));
+}
+
+namespace {
+// Buffers Hugging Face sometimes saves that the decoder recomputes.
+bool ignorable(const std::string& name) {
+  static const std::string suffix = "rotary_emb.inv_freq";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string list_names(const std::vector<std::string>& names, size_t limit = 12) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
+  return out;
+}
+}  // namespace
+
+void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin) {
+  const auto params = model->named_parameters(/*recurse=*/true);
+  std::vector<std::string> missing, misshaped, unexpected;
+  std::set<std::string> wanted;
+  for (const auto& item : params) {
+    wanted.insert(item.key());
+    if (!checkpoint.contains(item.key())) {
+      missing.push_back(item.key());
+      continue;
+    }
+    const TensorInfo& info = checkpoint.info(item.key());
+    if (info.shape != item.value().sizes().vec()) {
+      misshaped.push_back(fmt::format("{} (file {}, expected {})", item.key(), fmt::join(info.shape, "x"),
+                                      fmt::join(item.value().sizes(), "x")));
+    }
+  }
+  const bool tied = model->config().tie_word_embeddings;
+  for (const auto& name : checkpoint.names()) {
+    if (wanted.count(name) == 0 && !ignorable(name) && !(tied && name == "lm_head.weight")) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
+    std::string msg = fmt::format("{}: checkpoint does not fit the {} decoder ({} layers, hidden {})", origin,
+                                  model->config().model_type, model->config().num_hidden_layers,
+                                  model->config().hidden_size);
+    if (!missing.empty()) msg += "\n  missing: " + list_names(missing);
+    if (!misshaped.empty()) msg += "\n  wrong shape: " + list_names(misshaped);
+    if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected);
+    throw ModelError(msg);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& item : params) {
+    at::Tensor param = item.value();
+    param.copy_(checkpoint.tensor(item.key()));
+  }
+}
+
+CausalLM load_causal_lm(const fs::path& model_dir, const LoadOptions& options) {
+  DecoderConfig config = load_decoder_config(model_dir);
+  const Checkpoint checkpoint = Checkpoint::open(model_dir);
+  CausalLM model(config);
+  load_weights(model, checkpoint, model_dir.string());
+  model->to(options.device, options.dtype);
+  model->eval();
+  return model;
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32" || name == "float") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16" || name == "half") return at::kHalf;
+  fail<ConfigError>("unknown dtype '{}' (expected float32, bfloat16 or float16)", name);
+}
+
+at::Device parse_device(const std::string& name) {
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (name.rfind("cuda", 0) == 0) {
+    if (!torch::cuda::is_available()) {
+      fail<ConfigError>("device '{}' asked for, but this LibTorch build has no usable CUDA device", name);
+    }
+    try {
+      return at::Device(name);
+    } catch (const c10::Error&) {
+      fail<ConfigError>("invalid device '{}' (expected cpu, cuda or cuda:N)", name);
+    }
+  }
+  fail<ConfigError>("unknown device '{}' (expected cpu, cuda or cuda:N)", name);
+}
+
+}  // namespace swiftcpp

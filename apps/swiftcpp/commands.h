@@ -1,0 +1,21 @@
+// Subcommands of the swiftcpp binary. Each registers its options on the root app and returns the function
+// main() runs when it is chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace swiftcpp::app {
+
+using CommandRun = std::function<int()>;
+
+/// Options shared by every subcommand.
+struct GlobalOptions {
+  int threads = 0;  // 0: the cores this process may use
+};
+
+/// `swiftcpp infer`: generation from a model folder.
+CommandRun add_infer_command(CLI::App& root, const GlobalOptions& globals);
+
+}  // namespace swiftcpp::app

@@ -1,0 +1,58 @@
+// Generation engine: batched prefill with left padding, a preallocated KV cache, sampling, EOS and stop
+// strings, and streaming of decoded text.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "infer/sampling.h"
+#include "models/decoder/decoder.h"
+
+namespace swiftcpp {
+
+class TextTokenizer;
+
+struct GenerationConfig {
+  int64_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<std::string> stop_strings;  // generation ends before the first occurrence of any
+  std::vector<int64_t> eos_ids;           // generation ends on any of these (not included in the text)
+};
+
+struct GenerationResult {
+  std::vector<int64_t> prompt_ids;
+  std::vector<int64_t> new_ids;  // includes the EOS token when it ended the sequence
+  std::string text;              // decoded new tokens, cut before a stop string
+  std::string finish_reason;     // "eos" | "stop" | "length"
+};
+
+/// Called with (prompt index, newly visible text) as text becomes final while streaming.
+using TextCallback = std::function<void(size_t, const std::string&)>;
+
+class Generator {
+ public:
+  Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer);
+
+  /// Generates continuations of tokenised prompts (each non-empty), batched with left padding.
+  /// Throws ConfigError on bad settings or an empty prompt.
+  std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                         const GenerationConfig& config, const TextCallback& on_text = {});
+
+  /// Tokenises `text` the way the model expects (BOS etc.); an empty text gives BOS alone.
+  /// Throws ConfigError when the text is empty and the tokenizer has no BOS.
+  std::vector<int64_t> encode_prompt(const std::string& text) const;
+
+  /// Full logits of one prompt without a cache: [T, V] float32 on the CPU.
+  at::Tensor prompt_logits(const std::vector<int64_t>& prompt);
+
+  CausalLM& model() { return model_; }
+  const TextTokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  CausalLM model_;
+  std::shared_ptr<const TextTokenizer> tokenizer_;
+};
+
+}  // namespace swiftcpp

@@ -1,0 +1,48 @@
+// Scaled dot-product attention with grouped K/V heads, explicit masks and a preallocated KV cache.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace swiftcpp::nn {
+
+/// Which attention kernel runs: the explicit matmul/softmax path (every LibTorch) or
+/// at::scaled_dot_product_attention (LibTorch 2.x only).
+enum class AttentionBackend { kAuto, kMath, kSdpa };
+
+/// True when this build's LibTorch has scaled_dot_product_attention.
+bool sdpa_available();
+
+/// Sets the backend used by attention() process-wide; kAuto picks SDPA where available. Throws
+/// ConfigError when kSdpa is asked for on a LibTorch without it.
+void set_attention_backend(AttentionBackend backend);
+AttentionBackend attention_backend();
+
+/// softmax(q k^T / sqrt(Dh) + mask) v with K/V heads shared by groups of query heads.
+/// q: [B, H, T, Dh], k/v: [B, Hkv, S, Dh] (H a multiple of Hkv),
+/// mask: undefined (attend to all S keys) or bool [B or 1, 1, T, S], true where a query may attend.
+/// Softmax runs in float32 and is cast back, as Hugging Face's eager attention does.
+/// Returns [B, H, T, Dh].
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask);
+
+/// Per-layer key/value storage allocated once for `capacity` positions.
+struct KVCache {
+  std::vector<at::Tensor> keys;    // per layer [B, Hkv, capacity, Dh]
+  std::vector<at::Tensor> values;  // per layer [B, Hkv, capacity, Dh]
+  int64_t length = 0;              // positions filled so far
+
+  /// Allocates zeroed storage for `layers` layers on `options`' device and dtype.
+  KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+          const at::TensorOptions& options);
+  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+};
+
+/// Builds the boolean attention mask [B, 1, T, S] for T new queries at cache positions
+/// [past, past + T) over S = past + T keys: causal, key padding (`key_valid` [B, S] bool, may be
+/// undefined) and an optional sliding window (0 = none; a query sees keys fewer than `window` behind it).
+/// Returns an undefined tensor when every query may see every key (a lone decode step without padding).
+at::Tensor build_attention_mask(int64_t batch, int64_t past, int64_t new_tokens, const at::Tensor& key_valid,
+                                int64_t window, const at::Device& device);
+
+}  // namespace swiftcpp::nn

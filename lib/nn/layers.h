@@ -1,0 +1,82 @@
+// Building blocks of Llama-family decoders, named as Hugging Face names their parameters.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+
+namespace swiftcpp::nn {
+
+/// y = x W^T (+ b). Parameters `weight` [out, in] and optionally `bias` [out], allocated uninitialised: they
+/// are meant to be filled from a checkpoint.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias);
+  /// x: [..., in] -> [..., out]
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+  at::Tensor bias;  // undefined when the layer has none
+};
+TORCH_MODULE(Linear);
+
+/// Token embedding table `weight` [vocab, dim].
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim);
+  /// ids: [...] int64 -> [..., dim]
+  at::Tensor forward(const at::Tensor& ids);
+
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+/// RMSNorm as Hugging Face computes it: normalised in float32, cast back to the input dtype, then scaled by
+/// `weight` [dim].
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  /// x: [..., dim] -> [..., dim]
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+/// How rotary frequencies are scaled for long contexts (config.json `rope_scaling`).
+struct RopeScaling {
+  std::string type = "default";  // default | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;    // llama3
+  double high_freq_factor = 4.0;   // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+/// Rotary position embedding tables (rotate-half layout, as Hugging Face stores q/k).
+class RotaryEmbedding {
+ public:
+  /// inv_freq[i] = theta^(-2i/head_dim) for i < head_dim/2, then scaled as `scaling` says.
+  RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling, int64_t initial_positions);
+
+  /// cos and sin for `positions` [B, T] (int64, any device), all below `position_bound`, -> each
+  /// [B, 1, T, head_dim] in `dtype`. Tables grow as needed (no host sync on the positions tensor).
+  std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, int64_t position_bound,
+                                            at::ScalarType dtype);
+
+  /// The (scaled) inverse frequencies [head_dim / 2], float32.
+  const at::Tensor& inv_freq() const { return inv_freq_; }
+
+ private:
+  void grow(int64_t positions, const at::Device& device);
+
+  int64_t head_dim_;
+  at::Tensor inv_freq_;  // [head_dim / 2] float32, CPU
+  at::Tensor cos_, sin_;  // [P, head_dim] float32 on the device last asked for
+};
+
+/// x * cos + rotate_half(x) * sin. x: [B, H, T, Dh], cos/sin: [B, 1, T, Dh].
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace swiftcpp::nn

@@ -1,0 +1,124 @@
+// The one Llama-family decoder every registered architecture maps onto. Module and parameter names are
+// Hugging Face's (model.layers.N.self_attn.q_proj.weight, ...), so checkpoints and adapters map one to one.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include "core/fs.h"
+#include "models/decoder/config.h"
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace swiftcpp {
+
+class Checkpoint;
+
+/// Options of one decoder forward pass.
+struct ForwardOptions {
+  nn::KVCache* cache = nullptr;  // when set, new K/V are written at [cache->length, +T) and the cache advances
+  at::Tensor position_ids;       // [B, T] int64; default past + arange(T)
+  at::Tensor key_valid;          // [B, past + T] bool: false on padding keys; undefined = all valid
+  bool last_token_only = false;  // compute logits for the last position only ([B, 1, V])
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const DecoderConfig& config);
+  /// x: [B, T, D] -> [B, T, D]. cos/sin: [B, 1, T, Dh]; mask as nn::attention takes it.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                     nn::KVCache* cache, int64_t layer);
+
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const DecoderConfig& config);
+  /// x: [B, T, D] -> down(silu(gate(x)) * up(x)): [B, T, D]
+  at::Tensor forward(const at::Tensor& x);
+
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const DecoderConfig& config);
+  /// Pre-norm residual block. x: [B, T, D] -> [B, T, D]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                     nn::KVCache* cache, int64_t layer);
+
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+/// Hugging Face's `model` submodule: embeddings, layers, final norm.
+class DecoderBodyImpl : public torch::nn::Module {
+ public:
+  explicit DecoderBodyImpl(const DecoderConfig& config);
+
+  nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  nn::RMSNorm norm{nullptr};
+};
+TORCH_MODULE(DecoderBody);
+
+/// Decoder + language-model head (`lm_head`, or the embedding matrix when tie_word_embeddings).
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  explicit CausalLMImpl(DecoderConfig config);
+
+  /// input_ids: [B, T] int64 -> logits [B, T, V] (or [B, 1, V] with last_token_only), in the model dtype.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {});
+
+  /// Final hidden states after the last norm: input_ids [B, T] -> [B, T, D].
+  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardOptions& options = {});
+
+  /// Logits from final hidden states: [..., D] -> [..., V].
+  at::Tensor logits(const at::Tensor& hidden);
+
+  /// A KV cache sized for this model.
+  nn::KVCache make_cache(int64_t batch, int64_t capacity) const;
+
+  const DecoderConfig& config() const { return config_; }
+  at::Device device() const;
+  at::ScalarType dtype() const;
+
+  DecoderBody model{nullptr};
+  nn::Linear lm_head{nullptr};  // null when tied
+
+ private:
+  DecoderConfig config_;
+  nn::RotaryEmbedding rotary_;
+};
+TORCH_MODULE(CausalLM);
+
+/// Where and in which dtype to load a model.
+struct LoadOptions {
+  at::Device device = at::Device(at::kCPU);
+  at::ScalarType dtype = at::kFloat;
+};
+
+/// Copies every parameter of `model` from `checkpoint` (names as Hugging Face writes them).
+/// Throws ModelError naming the checkpoint and listing missing, unexpected and misshaped tensors.
+void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin);
+
+/// Reads config.json through the registry, builds the decoder and loads the safetensors weights.
+/// Throws the errors of load_decoder_config, Checkpoint::open and load_weights.
+CausalLM load_causal_lm(const fs::path& model_dir, const LoadOptions& options = {});
+
+/// Parses "float32" | "bfloat16" | "float16" (and the short forms fp32, bf16, fp16). Throws ConfigError.
+at::ScalarType parse_dtype(const std::string& name);
+/// Parses "cpu" | "cuda" | "cuda:N". Throws ConfigError, also when CUDA is asked for but unavailable.
+at::Device parse_device(const std::string& name);
+
+}  // namespace swiftcpp

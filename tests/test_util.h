@@ -1,0 +1,34 @@
+// Shared helpers of the test suite: where the fixtures are, and reading the reference JSON.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "core/json.h"
+
+namespace swiftcpp::test {
+
+inline std::filesystem::path source_dir() { return SWIFTCPP_SOURCE_DIR; }
+inline std::filesystem::path shared_dir() { return SWIFTCPP_SHARED_DIR; }
+inline std::filesystem::path assets() { return shared_dir() / "assets"; }
+inline std::filesystem::path stories_dir() { return source_dir() / "models" / "stories260K"; }
+
+/// A fresh empty folder under the test temp dir.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("swiftcpp_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace swiftcpp::test
+
+/// Skips the current test with a printed reason when a file from ../shared is absent.
+#define SWIFTCPP_REQUIRE_SHARED(path)                                                                  \
+  do {                                                                                                 \
+    if (!std::filesystem::exists(path)) {                                                              \
+      GTEST_SKIP() << "skipped: " << (path).string() << " is absent (../shared assets not checked out)"; \
+    }                                                                                                  \
+  } while (0)
