@@ -23,6 +23,22 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The benchmark prompt shared with bench/baseline_infer.py: splitmix64 seeded with 1234,
+// prompt[i] = 3 + next() % (vocab_size - 3).
+std::vector<int64_t> benchmark_prompt(int64_t n, int64_t vocab_size) {
+  uint64_t state = 1234;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) {
+    state += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    ids.push_back(3 + static_cast<int64_t>(z % static_cast<uint64_t>(vocab_size - 3)));
+  }
+  return ids;
+}
+
 Json stats(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return {{"median", v[v.size() / 2]}, {"min", v.front()}, {"max", v.back()}};
@@ -55,7 +71,7 @@ int main(int argc, char** argv) {
     if (!prompt_ids_file.empty()) {
       prompt = load_json_file(prompt_ids_file).get<std::vector<int64_t>>();
     } else {
-      for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(3 + (i * 7919) % (model->config().vocab_size - 3));
+      prompt = benchmark_prompt(prompt_len, model->config().vocab_size);
     }
     prompt_len = static_cast<int64_t>(prompt.size());
     SamplingParams greedy;
@@ -65,9 +81,10 @@ int main(int argc, char** argv) {
     const at::Tensor input = at::tensor(prompt, at::kLong).view({1, -1}).to(load.device);
     std::vector<double> prefill_rates, decode_rates;
     std::vector<int64_t> generated;
+    nn::KVCache cache = model->make_cache(1, prompt_len + new_tokens);  // allocated once, reused by every run
     for (int r = 0; r < runs + 1; ++r) {
       std::vector<int64_t> ids;
-      nn::KVCache cache = model->make_cache(1, prompt_len + new_tokens);
+      cache.length = 0;
       ForwardOptions options;
       options.cache = &cache;
       options.last_token_only = true;
@@ -82,10 +99,8 @@ int main(int argc, char** argv) {
         ids.push_back(next.item<int64_t>());
       }
       const double t2 = now();
-      if (r == 0) {
-        generated = ids;
-        continue;  // warm-up
-      }
+      if (r == 0) continue;  // warm-up
+      if (r == 1) generated = ids;
       prefill_rates.push_back(prompt_len / (t1 - t0));
       decode_rates.push_back((new_tokens - 1) / (t2 - t1));
     }
@@ -99,6 +114,8 @@ int main(int argc, char** argv) {
                 {"blas", loaded_blas()},
                 {"prompt_len", prompt_len},
                 {"new_tokens", new_tokens},
+                {"decode_steps", new_tokens - 1},
+                {"prompt_ids", prompt},
                 {"prefill_tok_s", stats(prefill_rates)},
                 {"decode_tok_s", stats(decode_rates)},
                 {"peak_rss_mb", usage.ru_maxrss / 1024.0},

@@ -13,7 +13,17 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias)
   if (has_bias) bias = register_parameter("bias", at::empty({out_features}));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  // One row (a decode step at batch 1): LibTorch 1.13 sends a one-row linear to sgemm, which is several times
+  // slower than gemv on large weights (the 32000 x 512 lm_head: 12.6 ms against 5 ms here).
+  if (x.numel() == weight.size(1)) {
+    auto shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    const at::Tensor row = x.reshape({-1});
+    return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row)).view(shape);
+  }
+  return at::linear(x, weight, bias);
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim) {
   weight = register_parameter("weight", at::empty({num_embeddings, dim}));

@@ -123,7 +123,14 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
 }
 
 at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
-  return lm_head ? lm_head(hidden) : at::linear(hidden, model->embed_tokens->weight);
+  if (lm_head) return lm_head(hidden);
+  const at::Tensor& w = model->embed_tokens->weight;  // tied: [V, D]
+  if (hidden.numel() == w.size(1)) {  // one row: gemv, as nn::Linear does
+    auto shape = hidden.sizes().vec();
+    shape.back() = w.size(0);
+    return at::mv(w, hidden.reshape({-1})).view(shape);
+  }
+  return at::linear(hidden, w);
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& options) {
@@ -145,7 +152,8 @@ std::string list_names(const std::vector<std::string>& names, size_t limit = 12)
 }
 }  // namespace
 
-void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin) {
+void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin,
+                  const LoadOptions& options) {
   const auto params = model->named_parameters(/*recurse=*/true);
   std::vector<std::string> missing, misshaped, unexpected;
   std::set<std::string> wanted;
@@ -174,10 +182,13 @@ void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::stri
     if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected);
     throw ModelError(msg);
   }
+  // A tensor already in the wanted dtype on the CPU becomes the parameter as it is: a copy-on-write view of the
+  // mapped file, so loading costs no copy and no second resident copy. Others are converted once.
   at::NoGradGuard no_grad;
   for (auto& item : params) {
-    at::Tensor param = item.value();
-    param.copy_(checkpoint.tensor(item.key()));
+    const at::Tensor source = checkpoint.tensor(item.key());
+    const bool as_is = options.device.is_cpu() && source.scalar_type() == options.dtype && source.is_contiguous();
+    item.value().set_data(as_is ? source : source.to(options.device, options.dtype).contiguous());
   }
 }
 
@@ -185,8 +196,7 @@ CausalLM load_causal_lm(const fs::path& model_dir, const LoadOptions& options) {
   DecoderConfig config = load_decoder_config(model_dir);
   const Checkpoint checkpoint = Checkpoint::open(model_dir);
   CausalLM model(config);
-  load_weights(model, checkpoint, model_dir.string());
-  model->to(options.device, options.dtype);
+  load_weights(model, checkpoint, model_dir.string(), options);
   model->eval();
   return model;
 }

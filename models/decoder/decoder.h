@@ -108,9 +108,11 @@ struct LoadOptions {
   at::ScalarType dtype = at::kFloat;
 };
 
-/// Copies every parameter of `model` from `checkpoint` (names as Hugging Face writes them).
+/// Sets every parameter of `model` from `checkpoint` (names as Hugging Face writes them), on the device and in
+/// the dtype of `options`; CPU tensors already in that dtype are used in place (copy-on-write file views).
 /// Throws ModelError naming the checkpoint and listing missing, unexpected and misshaped tensors.
-void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin);
+void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin,
+                  const LoadOptions& options = {});
 
 /// Reads config.json through the registry, builds the decoder and loads the safetensors weights.
 /// Throws the errors of load_decoder_config, Checkpoint::open and load_weights.

@@ -17,7 +17,9 @@ using test::assets;
 using test::source_dir;
 using test::stories_dir;
 
-Generator stories_generator() { return Generator(load_causal_lm(stories_dir()), load_tokenizer(stories_dir())); }
+Generator stories_generator() {
+  return Generator(load_causal_lm(stories_dir(), {test::test_device(), at::kFloat}), load_tokenizer(stories_dir()));
+}
 
 GenerationConfig greedy(int64_t n) {
   GenerationConfig c;
@@ -53,10 +55,10 @@ TEST(Generate, GreedyMatchesTransformersGenerate) {
 
 // Logits of incremental decoding through the KV cache equal one full forward over the same tokens.
 TEST(Generate, KvCacheStepsEqualFullForward) {
-  CausalLM model = load_causal_lm(stories_dir());
+  CausalLM model = load_causal_lm(stories_dir(), {test::test_device(), at::kFloat});
   c10::InferenceMode guard;
   const std::vector<int64_t> ids = {1, 403, 407, 261, 291, 13, 100, 511, 300, 2, 259, 450};
-  const at::Tensor all = at::tensor(ids, at::kLong).view({1, -1});
+  const at::Tensor all = at::tensor(ids, at::kLong).view({1, -1}).to(test::test_device());
   const at::Tensor full = model->forward(all);  // [1, 12, V]
   nn::KVCache cache = model->make_cache(1, 16);
   ForwardOptions o;
@@ -67,6 +69,7 @@ TEST(Generate, KvCacheStepsEqualFullForward) {
   EXPECT_EQ(cache.length, 12);
   // float32: the step-wise products have other shapes than the full one and sum in another order.
   EXPECT_LE((at::cat(parts, 1) - full).abs().max().item<double>(), 5e-5);
+  EXPECT_EQ(cache.keys[0].device(), test::test_device());
 }
 
 // Left-padded batches give each prompt the text it gets alone.

@@ -59,11 +59,11 @@ TEST(GoldenLogits, Stories260KMatchesTransformers) {
   const auto ref_path = assets() / "reference/stories260K/hf_logits.json";
   SWIFTCPP_REQUIRE_SHARED(ref_path);
   const Json ref = load_json_file(ref_path);
-  CausalLM model = load_causal_lm(stories_dir());
+  CausalLM model = load_causal_lm(stories_dir(), {test::test_device(), at::kFloat});
   c10::InferenceMode guard;
   for (const char* name : {"once_upon_a_time", "arbitrary12"}) {
     const Json& seq = ref["sequences"][name];
-    const at::Tensor logits = model->forward(ids_tensor(seq["ids"]));  // [1, T, V]
+    const at::Tensor logits = model->forward(ids_tensor(seq["ids"]).to(test::test_device())).cpu();  // [1, T, V]
     const at::Tensor expected = json_to_tensor(seq["logits"]).unsqueeze(0);
     ASSERT_EQ(logits.sizes(), expected.sizes()) << name;
     const double diff = max_abs_diff(logits, expected);
@@ -79,8 +79,8 @@ TEST(GoldenLogits, TinyLlamaAndQwen2MatchTransformers) {
   const at::Tensor ids = ids_tensor(ref["ids"]);  // [2, 6]
   c10::InferenceMode guard;
   for (const char* name : {"tiny-llama", "tiny-qwen2"}) {
-    CausalLM model = load_causal_lm(assets() / "reference/tiny" / name);
-    const at::Tensor logits = model->forward(ids);
+    CausalLM model = load_causal_lm(assets() / "reference/tiny" / name, {test::test_device(), at::kFloat});
+    const at::Tensor logits = model->forward(ids.to(test::test_device())).cpu();
     const at::Tensor expected = json_to_tensor(ref["models"][name]["logits"]);
     ASSERT_EQ(logits.sizes(), expected.sizes()) << name;
     const double diff = max_abs_diff(logits, expected);
@@ -157,14 +157,18 @@ TEST(GoldenLogits, Stories260KBfloat16WithinStatedTolerance) {
 TEST(GoldenLogits, MathAndSdpaAttentionAgree) {
   if (!nn::sdpa_available()) GTEST_SKIP() << "skipped: LibTorch " << TORCH_VERSION << " has no scaled_dot_product_attention";
   torch::manual_seed(0);
-  const at::Tensor q = at::randn({2, 8, 5, 16}), k = at::randn({2, 4, 9, 16}), v = at::randn({2, 4, 9, 16});
-  const at::Tensor mask = nn::build_attention_mask(2, 4, 5, at::Tensor(), 0, at::Device(at::kCPU));
+  const auto dev = test::test_device();
+  const at::Tensor q = at::randn({2, 8, 5, 16}).to(dev), k = at::randn({2, 4, 9, 16}).to(dev),
+                   v = at::randn({2, 4, 9, 16}).to(dev);
+  at::Tensor valid = at::ones({2, 9}, at::kBool);
+  valid[1].narrow(0, 0, 3).fill_(false);  // left padding in row 1
+  const at::Tensor mask = nn::build_attention_mask(2, 4, 5, valid.to(dev), 0, dev);
   nn::set_attention_backend(nn::AttentionBackend::kMath);
   const at::Tensor a = nn::attention(q, k, v, mask);
   nn::set_attention_backend(nn::AttentionBackend::kSdpa);
   const at::Tensor b = nn::attention(q, k, v, mask);
   nn::set_attention_backend(nn::AttentionBackend::kAuto);
-  EXPECT_LE(max_abs_diff(a, b), 1e-5);
+  EXPECT_LE(max_abs_diff(a.cpu(), b.cpu()), 1e-5);
 }
 
 // GQA attention equals the textbook form with K/V repeated per group and a causal mask offset by the cache.
