@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
                 {"prompt_len", prompt_len},
                 {"new_tokens", new_tokens},
                 {"decode_steps", new_tokens - 1},
+                {"runs", runs},
                 {"prompt_ids", prompt},
                 {"prefill_tok_s", stats(prefill_rates)},
                 {"decode_tok_s", stats(decode_rates)},

@@ -75,6 +75,23 @@ nn::AttentionBackend parse_backend(const std::string& name) {
   fail<ConfigError>("--attention must be auto, math or sdpa, got '{}'", name);
 }
 
+// "\n", "\t" and "\\" in a command-line string become a newline, a tab and a backslash.
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      const char c = s[i + 1];
+      if (c == 'n' || c == 't' || c == '\\') {
+        out += c == 'n' ? '\n' : c == 't' ? '\t' : '\\';
+        ++i;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -183,7 +200,7 @@ int run_infer(const InferOptions& o) {
   GenerationConfig config;
   config.max_new_tokens = o.max_new_tokens;
   config.sampling = sampling_from(o, model_dir);
-  config.stop_strings = o.stop;
+  for (const auto& stop : o.stop) config.stop_strings.push_back(unescape(stop));
   if (!o.ignore_eos) {
     for (int id : tokenizer->specials().eos) config.eos_ids.push_back(id);
   }
@@ -222,7 +239,8 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--min-p", o->min_p, "Drop tokens below min_p * p_max (0: off)")->capture_default_str();
   cmd->add_option("--repetition-penalty", o->repetition_penalty, "CTRL repetition penalty (1: off)");
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--stop", o->stop, "Stop string (repeatable); generation ends before it");
+  cmd->add_option("--stop", o->stop, "Stop string (repeatable; \\n, \\t, \\\\ are unescaped); generation ends before it")
+      ->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the EOS token");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();

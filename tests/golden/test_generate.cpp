@@ -133,8 +133,8 @@ struct CliRun {
   std::string out;
 };
 
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
+CliRun run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
@@ -167,6 +167,27 @@ TEST(InferCli, PromptsFileAndLogitsOutput) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto file = SafetensorsFile::open(dir / "logits.safetensors");
   EXPECT_EQ(file->info("logits").shape, (std::vector<int64_t>{5, 512}));
+}
+
+TEST(InferCli, RepeatedStopOptionsWithEscapes) {
+  const auto out_file = test::temp_dir("cli_stop") / "out.txt";
+  const std::string cmd = std::string(SWIFTCPP_BINARY) + " infer --model " + stories_dir().string() +
+                          " --prompt 'Once upon a time' --temperature 0 --stop '\\n' --stop park --no-stream > " +
+                          out_file.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(read_text_file(out_file), ", there was a little girl named Lily. She loved to play outside in the \n");
+}
+
+// With the reference BLAS forced in front of OpenBLAS, the binary says so at start-up; with OpenBLAS it is quiet.
+TEST(InferCli, WarnsWhenOnlyTheReferenceBlasIsLoaded) {
+  const fs::path reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  if (!fs::exists(reference)) GTEST_SKIP() << "skipped: " << reference << " (Debian libblas3) is not installed";
+  const std::string args = " infer --model " + stories_dir().string() + " --prompt Tom --max-new-tokens 2";
+  CliRun r = run_cli(args);
+  EXPECT_EQ(r.out.find("reference BLAS"), std::string::npos) << r.out;
+  r = run_cli(args, "LD_PRELOAD=" + reference.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: only the reference BLAS is loaded"), std::string::npos) << r.out;
 }
 
 TEST(InferCli, BadInputsGiveClearErrorsAndExitCodes) {
