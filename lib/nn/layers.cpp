@@ -37,10 +37,13 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   const auto input_dtype = x.scalar_type();
-  // Half-precision inputs are normalised in float32 as Hugging Face does; float64 stays float64.
-  const at::Tensor h = input_dtype == at::kDouble ? x : x.to(at::kFloat);
-  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (h * at::rsqrt(variance + eps)).to(input_dtype);
+  // Half-precision inputs are normalised in float32 as Hugging Face does; float32 and float64 stay as they are.
+  const bool upcast = input_dtype != at::kFloat && input_dtype != at::kDouble;
+  const at::Tensor h = upcast ? x.to(at::kFloat) : x;
+  const at::Tensor inv_rms = h.square().mean(-1, /*keepdim=*/true).add_(eps).rsqrt_();
+  at::Tensor normed = h * inv_rms;
+  if (upcast) normed = normed.to(input_dtype);
+  return normed.mul_(weight);
 }
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling,
@@ -82,7 +85,9 @@ void RotaryEmbedding::grow(int64_t positions, const at::Device& device) {
   const at::Tensor freqs = p.unsqueeze(1) * inv_freq_.unsqueeze(0);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   cos_ = emb.cos().to(device);
-  sin_ = emb.sin().to(device);
+  // Sine with the rotate-half sign folded in: [-sin(first half), +sin(second half)].
+  const at::Tensor sin = emb.sin();
+  sin_ = at::cat({-sin.narrow(1, 0, head_dim_ / 2), sin.narrow(1, head_dim_ / 2, head_dim_ / 2)}, 1).to(device);
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& positions, int64_t position_bound,
@@ -100,11 +105,10 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // rotate_half(x) * sin = [x2, x1] * [-sin1, sin2]: the sign lives in the table, one op less per call.
   const int64_t half = x.size(-1) / 2;
-  const at::Tensor x1 = x.narrow(-1, 0, half);
-  const at::Tensor x2 = x.narrow(-1, half, half);
-  const at::Tensor rotated = at::cat({-x2, x1}, -1);
-  return x * cos + rotated * sin;
+  const at::Tensor swapped = at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return (x * cos).addcmul_(swapped, sin);
 }
 
 }  // namespace swiftcpp::nn

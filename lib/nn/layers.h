@@ -60,8 +60,8 @@ class RotaryEmbedding {
   /// inv_freq[i] = theta^(-2i/head_dim) for i < head_dim/2, then scaled as `scaling` says.
   RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling, int64_t initial_positions);
 
-  /// cos and sin for `positions` [B, T] (int64, any device), all below `position_bound`, -> each
-  /// [B, 1, T, head_dim] in `dtype`. Tables grow as needed (no host sync on the positions tensor).
+  /// cos and signed sin for `positions` [B, T] (int64, any device), all below `position_bound`, -> each
+  /// [B, 1, T, head_dim] in `dtype`, for apply_rotary. Tables grow as needed (no host sync on the positions).
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, int64_t position_bound,
                                             at::ScalarType dtype);
 
@@ -73,10 +73,11 @@ class RotaryEmbedding {
 
   int64_t head_dim_;
   at::Tensor inv_freq_;  // [head_dim / 2] float32, CPU
-  at::Tensor cos_, sin_;  // [P, head_dim] float32 on the device last asked for
+  at::Tensor cos_, sin_;  // [P, head_dim] float32 on the device last asked for; sin_ carries the sign
 };
 
-/// x * cos + rotate_half(x) * sin. x: [B, H, T, Dh], cos/sin: [B, 1, T, Dh].
+/// x * cos + rotate_half(x) * sin. x: [B, H, T, Dh], cos/sin: [B, 1, T, Dh] as RotaryEmbedding::cos_sin returns
+/// them (its sine carries the rotate-half sign: -sin on the first half of each head).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace swiftcpp::nn
