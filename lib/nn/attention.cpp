@@ -39,7 +39,8 @@ at::Tensor attention_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t G = q.size(1) / k.size(1);
   const at::Tensor kr = G > 1 ? k.repeat_interleave(G, 1) : k;
   const at::Tensor vr = G > 1 ? v.repeat_interleave(G, 1) : v;
-  return at::scaled_dot_product_attention(q, kr, vr, mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt);
+  if (mask.defined()) return at::scaled_dot_product_attention(q, kr, vr, mask);
+  return at::scaled_dot_product_attention(q, kr, vr);
 }
 #endif
 }  // namespace

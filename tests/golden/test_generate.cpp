@@ -1,9 +1,6 @@
-// Generation: llama2.c's and Hugging Face's greedy texts, KV-cache consistency, batching, stops, CLI.
+// Generation: llama2.c's and Hugging Face's greedy texts, KV-cache consistency, batching, stops, seeds.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include <array>
-#include <cstdio>
 
 #include "infer/generate.h"
 #include "io/safetensors.h"
@@ -124,88 +121,6 @@ TEST(Generate, SeedMakesSamplingReproducible) {
   const auto d = gen.generate({gen.encode_prompt("")}, c);
   EXPECT_EQ(a[0].new_ids, b[0].new_ids);
   EXPECT_NE(a[0].new_ids, d[0].new_ids);
-}
-
-// ---- the swiftcpp binary end to end ----
-
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-TEST(InferCli, GreedyTextFromEmptyPrompt) {
-  const std::string expected = read_text_file(source_dir() / "tests/data/stories260K_expected_greedy_t0_n200.txt");
-  const auto out_file = test::temp_dir("cli_greedy") / "out.txt";
-  const std::string cmd = std::string(SWIFTCPP_BINARY) + " infer --model " + stories_dir().string() +
-                          " --prompt '' --temperature 0 --max-new-tokens 200 > " + out_file.string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  EXPECT_EQ(read_text_file(out_file), expected + "\n");
-}
-
-TEST(InferCli, PromptsFileAndLogitsOutput) {
-  const auto dir = test::temp_dir("cli_batch");
-  write_file_atomic(dir / "in.jsonl", "{\"id\": 1, \"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"The dog\"}\n");
-  CliRun r = run_cli("infer --model " + stories_dir().string() + " --prompts-file " + (dir / "in.jsonl").string() +
-              " --output " + (dir / "out.jsonl").string() + " --temperature 0 --max-new-tokens 20 --batch-size 2");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string out = read_text_file(dir / "out.jsonl");
-  EXPECT_NE(out.find("\"id\":1"), std::string::npos) << out;
-  EXPECT_NE(out.find("\"response\":\", there was a little girl named Lily."), std::string::npos) << out;
-  r = run_cli("infer --model " + stories_dir().string() + " --prompt 'Once upon a time' --max-new-tokens 1 --output-logits " +
-          (dir / "logits.safetensors").string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto file = SafetensorsFile::open(dir / "logits.safetensors");
-  EXPECT_EQ(file->info("logits").shape, (std::vector<int64_t>{5, 512}));
-}
-
-TEST(InferCli, RepeatedStopOptionsWithEscapes) {
-  const auto out_file = test::temp_dir("cli_stop") / "out.txt";
-  const std::string cmd = std::string(SWIFTCPP_BINARY) + " infer --model " + stories_dir().string() +
-                          " --prompt 'Once upon a time' --temperature 0 --stop '\\n' --stop park --no-stream > " +
-                          out_file.string() + " 2>/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  EXPECT_EQ(read_text_file(out_file), ", there was a little girl named Lily. She loved to play outside in the \n");
-}
-
-// With the reference BLAS forced in front of OpenBLAS, the binary says so at start-up; with OpenBLAS it is quiet.
-TEST(InferCli, WarnsWhenOnlyTheReferenceBlasIsLoaded) {
-  const fs::path reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
-  if (!fs::exists(reference)) GTEST_SKIP() << "skipped: " << reference << " (Debian libblas3) is not installed";
-  const std::string args = " infer --model " + stories_dir().string() + " --prompt Tom --max-new-tokens 2";
-  CliRun r = run_cli(args);
-  EXPECT_EQ(r.out.find("reference BLAS"), std::string::npos) << r.out;
-  r = run_cli(args, "LD_PRELOAD=" + reference.string());
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("warning: only the reference BLAS is loaded"), std::string::npos) << r.out;
-}
-
-TEST(InferCli, BadInputsGiveClearErrorsAndExitCodes) {
-  const auto dir = test::temp_dir("cli_bad");
-  CliRun r = run_cli("infer --model " + dir.string() + " --prompt hi");
-  EXPECT_EQ(r.code, 3) << r.out;
-  EXPECT_NE(r.out.find("config.json"), std::string::npos) << r.out;
-  write_file_atomic(dir / "in.jsonl", "{\"prompt\": \"a\"}\n{\"question\": \"b\"}\n");
-  r = run_cli("infer --model " + stories_dir().string() + " --prompts-file " + (dir / "in.jsonl").string() + " --output " +
-          (dir / "o.jsonl").string());
-  EXPECT_EQ(r.code, 4) << r.out;
-  EXPECT_NE(r.out.find("in.jsonl:2"), std::string::npos) << r.out;
-  EXPECT_FALSE(fs::exists(dir / "o.jsonl"));
-  r = run_cli("infer --model " + stories_dir().string() + " --prompt hi --top-p 1.5");
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
-  r = run_cli("infer --model " + stories_dir().string() + " --prompt hi --dtype float8");
-  EXPECT_EQ(r.code, 2) << r.out;
 }
 
 }  // namespace

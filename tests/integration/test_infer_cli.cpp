@@ -1,0 +1,113 @@
+// The swiftcpp binary end to end: greedy text, batched prompts files, logits output, stop options, the BLAS
+// warning and the exit codes and messages of bad input.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/fs.h"
+#include "io/safetensors.h"
+#include "tests/test_util.h"
+
+namespace swiftcpp {
+namespace {
+
+using test::source_dir;
+using test::stories_dir;
+
+struct CliRun {
+  int code;
+  std::string out;
+};
+
+CliRun run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(InferCli, GreedyTextFromEmptyPrompt) {
+  const std::string expected = read_text_file(source_dir() / "tests/data/stories260K_expected_greedy_t0_n200.txt");
+  const auto out_file = test::temp_dir("cli_greedy") / "out.txt";
+  const std::string cmd = std::string(SWIFTCPP_BINARY) + " infer --model " + stories_dir().string() +
+                          " --prompt '' --temperature 0 --max-new-tokens 200 > " + out_file.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(read_text_file(out_file), expected + "\n");
+}
+
+TEST(InferCli, PromptsFileAndLogitsOutput) {
+  const auto dir = test::temp_dir("cli_batch");
+  write_file_atomic(dir / "in.jsonl", "{\"id\": 1, \"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"The dog\"}\n");
+  CliRun r = run_cli("infer --model " + stories_dir().string() + " --prompts-file " + (dir / "in.jsonl").string() +
+              " --output " + (dir / "out.jsonl").string() + " --temperature 0 --max-new-tokens 20 --batch-size 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string out = read_text_file(dir / "out.jsonl");
+  EXPECT_NE(out.find("\"id\":1"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"response\":\", there was a little girl named Lily."), std::string::npos) << out;
+  r = run_cli("infer --model " + stories_dir().string() + " --prompt 'Once upon a time' --max-new-tokens 1 --output-logits " +
+          (dir / "logits.safetensors").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto file = SafetensorsFile::open(dir / "logits.safetensors");
+  EXPECT_EQ(file->info("logits").shape, (std::vector<int64_t>{5, 512}));
+}
+
+TEST(InferCli, RepeatedStopOptionsWithEscapes) {
+  const auto out_file = test::temp_dir("cli_stop") / "out.txt";
+  const std::string cmd = std::string(SWIFTCPP_BINARY) + " infer --model " + stories_dir().string() +
+                          " --prompt 'Once upon a time' --temperature 0 --stop '\\n' --stop park --no-stream > " +
+                          out_file.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(read_text_file(out_file), ", there was a little girl named Lily. She loved to play outside in the \n");
+}
+
+// With the reference BLAS forced in front of OpenBLAS, the binary says so at start-up; with OpenBLAS it is quiet.
+TEST(InferCli, WarnsWhenOnlyTheReferenceBlasIsLoaded) {
+  const fs::path reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  if (!fs::exists(reference)) GTEST_SKIP() << "skipped: " << reference << " (Debian libblas3) is not installed";
+  const std::string args = " infer --model " + stories_dir().string() + " --prompt Tom --max-new-tokens 2";
+  CliRun r = run_cli(args);
+  EXPECT_EQ(r.out.find("reference BLAS"), std::string::npos) << r.out;
+  r = run_cli(args, "LD_PRELOAD=" + reference.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: only the reference BLAS is loaded"), std::string::npos) << r.out;
+}
+
+TEST(InferCli, BadInputsGiveClearErrorsAndExitCodes) {
+  const auto dir = test::temp_dir("cli_bad");
+  CliRun r = run_cli("infer --model " + dir.string() + " --prompt hi");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("config.json"), std::string::npos) << r.out;
+  write_file_atomic(dir / "in.jsonl", "{\"prompt\": \"a\"}\n{\"question\": \"b\"}\n");
+  r = run_cli("infer --model " + stories_dir().string() + " --prompts-file " + (dir / "in.jsonl").string() + " --output " +
+          (dir / "o.jsonl").string());
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("in.jsonl:2"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "o.jsonl"));
+  r = run_cli("infer --model " + stories_dir().string() + " --prompt hi --top-p 1.5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+  r = run_cli("infer --model " + stories_dir().string() + " --prompt hi --dtype float8");
+  EXPECT_EQ(r.code, 2) << r.out;
+  // A truncated checkpoint: a format error naming the file, never a crash.
+  const fs::path truncated = test::temp_dir("cli_truncated");
+  for (const auto& entry : fs::directory_iterator(stories_dir())) fs::copy(entry.path(), truncated / entry.path().filename());
+  fs::resize_file(truncated / "model.safetensors", fs::file_size(truncated / "model.safetensors") / 2);
+  r = run_cli("infer --model " + truncated.string() + " --prompt hi");
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+  // A config.json with a key of the wrong type: a configuration error naming file and key.
+  fs::remove(truncated / "config.json");
+  write_file_atomic(truncated / "config.json", "{\"model_type\": \"llama\", \"vocab_size\": \"512\"}");
+  r = run_cli("infer --model " + truncated.string() + " --prompt hi");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("vocab_size"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace swiftcpp
