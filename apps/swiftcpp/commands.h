@@ -18,4 +18,10 @@ struct GlobalOptions {
 /// `swiftcpp infer`: generation from a model folder.
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions& globals);
 
+/// `swiftcpp tokenize`: text -> ids and ids -> text with a checkpoint's tokenizer.
+CommandRun add_tokenize_command(CLI::App& root, const GlobalOptions& globals);
+
+/// `swiftcpp data inspect`: rendered samples with trained tokens marked, and dataset statistics.
+CommandRun add_data_command(CLI::App& root, const GlobalOptions& globals);
+
 }  // namespace swiftcpp::app

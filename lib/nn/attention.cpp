@@ -76,17 +76,22 @@ KVCache::KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capaci
 }
 
 at::Tensor build_attention_mask(int64_t batch, int64_t past, int64_t new_tokens, const at::Tensor& key_valid,
-                                int64_t window, const at::Device& device) {
+                                int64_t window, const at::Device& device, const at::Tensor& segment_ids) {
   const int64_t S = past + new_tokens;
   const bool causal_needed = new_tokens > 1;
   const bool window_needed = window > 0 && S > window;
-  if (!causal_needed && !window_needed && !key_valid.defined()) return {};
+  if (!causal_needed && !window_needed && !key_valid.defined() && !segment_ids.defined()) return {};
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
   const at::Tensor query_pos = at::arange(past, S, long_opts).unsqueeze(1);  // [T, 1]
   const at::Tensor key_pos = at::arange(0, S, long_opts).unsqueeze(0);        // [1, S]
   at::Tensor mask = key_pos <= query_pos;                                     // [T, S]
   if (window_needed) mask = mask.logical_and(query_pos - key_pos < window);
   mask = mask.view({1, 1, new_tokens, S});
+  if (segment_ids.defined()) {
+    TORCH_CHECK(segment_ids.size(0) == batch && segment_ids.size(1) == S, "segment_ids must be [B, S]");
+    const at::Tensor queries = segment_ids.narrow(1, past, new_tokens);  // [B, T]
+    mask = mask.logical_and(queries.unsqueeze(2).eq(segment_ids.unsqueeze(1)).unsqueeze(1));  // [B, 1, T, S]
+  }
   if (key_valid.defined()) {
     TORCH_CHECK(key_valid.size(0) == batch && key_valid.size(1) == S, "key_valid must be [B, S]");
     mask = mask.logical_and(key_valid.to(at::kBool).view({batch, 1, 1, S}));

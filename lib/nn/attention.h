@@ -40,9 +40,11 @@ struct KVCache {
 
 /// Builds the boolean attention mask [B, 1, T, S] for T new queries at cache positions
 /// [past, past + T) over S = past + T keys: causal, key padding (`key_valid` [B, S] bool, may be
-/// undefined) and an optional sliding window (0 = none; a query sees keys fewer than `window` behind it).
-/// Returns an undefined tensor when every query may see every key (a lone decode step without padding).
+/// undefined), packed samples (`segment_ids` [B, S] int64, may be undefined: a query sees only keys of its own
+/// segment, so packed samples never see each other) and an optional sliding window (0 = none; a query sees keys
+/// fewer than `window` behind it). Returns an undefined tensor when every query may see every key (a lone decode
+/// step without padding).
 at::Tensor build_attention_mask(int64_t batch, int64_t past, int64_t new_tokens, const at::Tensor& key_valid,
-                                int64_t window, const at::Device& device);
+                                int64_t window, const at::Device& device, const at::Tensor& segment_ids = {});
 
 }  // namespace swiftcpp::nn

@@ -113,7 +113,8 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   }
   at::Tensor h = model->embed_tokens(input_ids);  // [B, T, D]
   auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
-  const at::Tensor mask = nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev);
+  const at::Tensor mask =
+      nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     h = model->layers[i]->as<DecoderLayer>()->forward(h, cos, sin, mask, options.cache, i);
   }

@@ -20,6 +20,7 @@ struct ForwardOptions {
   nn::KVCache* cache = nullptr;  // when set, new K/V are written at [cache->length, +T) and the cache advances
   at::Tensor position_ids;       // [B, T] int64; default past + arange(T)
   at::Tensor key_valid;          // [B, past + T] bool: false on padding keys; undefined = all valid
+  at::Tensor segment_ids;        // [B, past + T] int64: packed samples; tokens attend only within their segment
   bool last_token_only = false;  // compute logits for the last position only ([B, 1, V])
 };
 

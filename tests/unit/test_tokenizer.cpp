@@ -321,7 +321,6 @@ TEST(TokenizerErrors, MissingFilesAreIoErrors) {
   EXPECT_THROW(SentencePieceTokenizer::load(dir.path() / "tokenizer.model"), IoError);
   EXPECT_THROW(SentencePieceTokenizer::load(dir.path()), IoError);
   EXPECT_THROW(load_tokenizer(dir.path() / "no_such_folder"), IoError);
-  write_all(dir.path() / "tokenizer.json", "{}");
   try {
     load_tokenizer(dir.path());
     FAIL() << "expected IoError";
@@ -329,6 +328,15 @@ TEST(TokenizerErrors, MissingFilesAreIoErrors) {
     const std::string message = e.what();
     EXPECT_NE(message.find(dir.path().string()), std::string::npos) << message;
     EXPECT_NE(message.find("tokenizer.json"), std::string::npos) << message;
+    EXPECT_NE(message.find("tokenizer.model"), std::string::npos) << message;
+  }
+  // A tokenizer.json that is not a tokenizer is a format error naming it.
+  write_all(dir.path() / "tokenizer.json", "{}");
+  try {
+    load_tokenizer(dir.path());
+    FAIL() << "expected FormatError";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find((dir.path() / "tokenizer.json").string()), std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,93 @@
+#include "data/collate.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+
+namespace swiftcpp {
+
+int64_t Sample::label_tokens() const {
+  return std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+}
+
+Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id) {
+  std::vector<std::vector<const Sample*>> rows;
+  for (const Sample* s : samples) rows.push_back({s});
+  Batch batch = collate_packed(rows, pad_id);
+  batch.segment_ids = at::Tensor();  // one sample per row: padding masks suffice
+  return batch;
+}
+
+std::vector<std::vector<size_t>> pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity) {
+  std::vector<size_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
+  std::vector<std::vector<size_t>> rows;
+  std::multiset<std::pair<int64_t, size_t>> room;  // (free tokens, row)
+  for (size_t i : order) {
+    if (lengths[i] > capacity) {
+      fail<ConfigError>("a sample of {} tokens does not fit a packed row of {} (max_length)", lengths[i], capacity);
+    }
+    auto it = room.lower_bound({lengths[i], 0});
+    if (it == room.end()) {
+      rows.push_back({i});
+      room.insert({capacity - lengths[i], rows.size() - 1});
+    } else {
+      const auto [free, row] = *it;
+      room.erase(it);
+      rows[row].push_back(i);
+      room.insert({free - lengths[i], row});
+    }
+  }
+  return rows;
+}
+
+Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_t pad_id) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  int64_t T = 0;
+  for (const auto& row : rows) {
+    int64_t n = 0;
+    for (const Sample* s : row) n += static_cast<int64_t>(s->input_ids.size());
+    T = std::max(T, n);
+  }
+  Batch batch;
+  batch.input_ids = at::full({B, T}, pad_id, at::kLong);
+  batch.labels = at::full({B, T}, kIgnoreIndex, at::kLong);
+  batch.position_ids = at::zeros({B, T}, at::kLong);
+  batch.segment_ids = at::full({B, T}, -1, at::kLong);
+  at::Tensor valid = at::zeros({B, T}, at::kBool);
+  auto ids = batch.input_ids.accessor<int64_t, 2>();
+  auto labels = batch.labels.accessor<int64_t, 2>();
+  auto pos = batch.position_ids.accessor<int64_t, 2>();
+  auto seg = batch.segment_ids.accessor<int64_t, 2>();
+  auto ok = valid.accessor<bool, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (size_t k = 0; k < rows[b].size(); ++k) {
+      const Sample& s = *rows[b][k];
+      TORCH_CHECK(s.labels.size() == s.input_ids.size(), "sample labels and input_ids differ in length");
+      for (size_t j = 0; j < s.input_ids.size(); ++j, ++t) {
+        ids[b][t] = s.input_ids[j];
+        labels[b][t] = s.labels[j];
+        pos[b][t] = static_cast<int64_t>(j);
+        seg[b][t] = static_cast<int64_t>(k);
+        ok[b][t] = true;
+      }
+      batch.label_tokens += s.label_tokens();
+      batch.real_tokens += static_cast<int64_t>(s.input_ids.size());
+    }
+  }
+  if (batch.real_tokens < B * T) batch.key_valid = valid;
+  return batch;
+}
+
+at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  // logits: [B, T, V], labels: [B, T]
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)});
+  const at::Tensor wide = flat.scalar_type() == at::kDouble ? flat : flat.to(at::kFloat);
+  return at::cross_entropy_loss(wide, labels.reshape({-1}).to(logits.device()), {}, at::Reduction::Sum, kIgnoreIndex);
+}
+
+}  // namespace swiftcpp

@@ -1,0 +1,48 @@
+// Batching: right-padded batches and best-fit-decreasing packing with block-diagonal attention.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace swiftcpp {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+/// One tokenised example. labels are already shifted: labels[t] is the token position t must predict
+/// (input_ids[t + 1]) or kIgnoreIndex, so samples can be concatenated without predicting across them.
+struct Sample {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> labels;  // same length as input_ids; the last is always kIgnoreIndex
+  int64_t label_tokens() const;
+};
+
+/// Tensors for one micro-batch, on the CPU.
+struct Batch {
+  at::Tensor input_ids;     // [B, T] int64
+  at::Tensor labels;        // [B, T] int64, kIgnoreIndex on padding and untrained tokens
+  at::Tensor key_valid;     // [B, T] bool, false on padding (undefined when nothing is padded)
+  at::Tensor position_ids;  // [B, T] int64, restarting at 0 for every packed sample
+  at::Tensor segment_ids;   // [B, T] int64, packed batches only: which sample each token belongs to
+  int64_t label_tokens = 0;
+  int64_t real_tokens = 0;  // tokens that are not padding
+};
+
+/// Right-pads samples to the longest one with `pad_id` (labels kIgnoreIndex, key_valid false).
+Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id);
+
+/// Groups sample lengths into rows of at most `capacity` tokens, best fit decreasing: longest first, each into
+/// the row with the least room that still fits it (a new row when none does). Returns sample indices per row,
+/// longest rows first. Throws ConfigError when a length exceeds the capacity.
+std::vector<std::vector<size_t>> pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
+
+/// Concatenates the samples of each row (as pack_best_fit_decreasing grouped them), pads rows to the longest,
+/// and sets positions restarting at 0 and segment ids so packed samples never attend to each other.
+Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_t pad_id);
+
+/// Sum of token cross-entropies of logits [B, T, V] against labels [B, T] (kIgnoreIndex skipped), computed in
+/// float32 or wider. Divide by the global batch's label-token count for the training loss.
+at::Tensor cross_entropy_sum(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace swiftcpp

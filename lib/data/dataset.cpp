@@ -1,0 +1,247 @@
+#include "data/dataset.h"
+
+#include <fstream>
+
+namespace swiftcpp {
+
+const char* row_format_name(RowFormat format) {
+  switch (format) {
+    case RowFormat::kMessages: return "messages";
+    case RowFormat::kShareGpt: return "sharegpt";
+    case RowFormat::kAlpaca: return "alpaca";
+    case RowFormat::kQueryResponse: return "query-response";
+    case RowFormat::kText: return "text";
+  }
+  return "?";
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& where, const std::string& reason, const std::string& detail = "") {
+  throw BadRowError(where, reason, detail);
+}
+
+std::string string_field(const Json& row, const char* key, const std::string& where) {
+  const Json& v = row.at(key);
+  if (!v.is_string()) bad(where, "non-string content", std::string("'") + key + "' is " + v.type_name());
+  return v.get<std::string>();
+}
+
+// A message content: a string, or a list of {"type": "text", "text"|"value": "..."} parts.
+std::string content_text(const Json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_array()) {
+    std::string text;
+    for (const auto& part : content) {
+      if (!part.is_object() || part.value("type", "") != "text") {
+        bad(where, "non-text content", "only text parts are supported, got " + part.dump().substr(0, 60));
+      }
+      const char* key = part.contains("text") ? "text" : "value";
+      if (!part.contains(key) || !part.at(key).is_string()) bad(where, "non-string content", "text part without a string");
+      text += part.at(key).get<std::string>();
+    }
+    return text;
+  }
+  bad(where, "non-string content", std::string("content is ") + content.type_name());
+}
+
+std::string normalise_role(const std::string& role, const std::string& where) {
+  if (role == "system") return "system";
+  if (role == "user" || role == "human") return "user";
+  if (role == "assistant" || role == "gpt" || role == "model") return "assistant";
+  if (role == "function_call" || role == "observation" || role == "tool" || role == "function") {
+    bad(where, "tool-call rows are not supported yet", "role '" + role + "'");
+  }
+  bad(where, "unknown role", "'" + role + "'");
+}
+
+// After an optional system message: user, assistant, user, assistant, ..., ending with assistant.
+void check_order(const std::vector<ChatMessage>& messages, const std::string& where) {
+  size_t i = 0;
+  if (!messages.empty() && messages[0].role == "system") i = 1;
+  bool has_assistant = false;
+  for (size_t k = i; k < messages.size(); ++k) {
+    const char* expected = (k - i) % 2 == 0 ? "user" : "assistant";
+    if (messages[k].role != expected) {
+      if (messages[k].role == "system") bad(where, "wrong role order", "a system message after the first turn");
+      bad(where, "wrong role order", "message " + std::to_string(k) + " is '" + messages[k].role + "', expected '" +
+                                         expected + "'");
+    }
+    has_assistant = has_assistant || messages[k].role == "assistant";
+  }
+  if (!has_assistant) bad(where, "no assistant turn");
+  if (messages.back().role != "assistant") bad(where, "wrong role order", "the last message is not the assistant's");
+}
+
+void apply_system(std::vector<ChatMessage>& messages, const std::optional<std::string>& system) {
+  if (!system) return;
+  if (!messages.empty() && messages[0].role == "system") {
+    messages[0].content = *system;
+  } else {
+    messages.insert(messages.begin(), ChatMessage{"system", *system, std::nullopt});
+  }
+}
+
+void add_history(std::vector<ChatMessage>& messages, const Json& row, const std::string& where) {
+  if (!row.contains("history") || row.at("history").is_null()) return;
+  const Json& history = row.at("history");
+  if (!history.is_array()) bad(where, "bad history", "'history' must be a list of [query, response] pairs");
+  for (const auto& pair : history) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() || !pair[1].is_string()) {
+      bad(where, "bad history", "each history entry must be [query, response] strings");
+    }
+    messages.push_back({"user", pair[0].get<std::string>(), std::nullopt});
+    messages.push_back({"assistant", pair[1].get<std::string>(), std::nullopt});
+  }
+}
+
+}  // namespace
+
+Conversation normalise_row(const Json& row, const std::string& where, const std::optional<std::string>& system_override) {
+  if (!row.is_object()) bad(where, "unknown format", std::string("a row must be a JSON object, got ") + row.type_name());
+  Conversation c;
+  c.where = where;
+  std::optional<std::string> system;
+  if (row.contains("system") && !row.at("system").is_null()) system = string_field(row, "system", where);
+  if (system_override) system = system_override;
+
+  if (row.contains("messages")) {
+    c.format = RowFormat::kMessages;
+    const Json& list = row.at("messages");
+    if (!list.is_array()) bad(where, "unknown format", "'messages' must be a list");
+    for (const auto& m : list) {
+      if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m.at("role").is_string()) {
+        bad(where, "unknown format", "each message needs a string 'role' and a 'content'");
+      }
+      ChatMessage msg{normalise_role(m.at("role").get<std::string>(), where), content_text(m.at("content"), where),
+                      std::nullopt};
+      if (m.contains("loss") && m.at("loss").is_boolean()) msg.loss = m.at("loss").get<bool>();
+      if (m.contains("loss_weight") && m.at("loss_weight").is_number()) msg.loss = m.at("loss_weight").get<double>() != 0.0;
+      c.messages.push_back(std::move(msg));
+    }
+  } else if (row.contains("conversations")) {
+    c.format = RowFormat::kShareGpt;
+    const Json& list = row.at("conversations");
+    if (!list.is_array()) bad(where, "unknown format", "'conversations' must be a list");
+    for (const auto& m : list) {
+      if (!m.is_object() || !m.contains("from") || !m.contains("value") || !m.at("from").is_string()) {
+        bad(where, "unknown format", "each ShareGPT turn needs a string 'from' and a 'value'");
+      }
+      c.messages.push_back({normalise_role(m.at("from").get<std::string>(), where), content_text(m.at("value"), where),
+                            std::nullopt});
+    }
+  } else if (row.contains("instruction") || (row.contains("output") && !row.contains("query"))) {
+    c.format = RowFormat::kAlpaca;
+    if (!row.contains("instruction")) bad(where, "unknown format", "an Alpaca row needs 'instruction'");
+    if (!row.contains("output")) bad(where, "no assistant turn", "an Alpaca row needs 'output'");
+    add_history(c.messages, row, where);
+    std::string prompt = string_field(row, "instruction", where);
+    if (row.contains("input") && !row.at("input").is_null()) {
+      const std::string input = string_field(row, "input", where);
+      if (!input.empty()) prompt += "\n" + input;
+    }
+    c.messages.push_back({"user", prompt, std::nullopt});
+    c.messages.push_back({"assistant", string_field(row, "output", where), std::nullopt});
+  } else if (row.contains("query")) {
+    c.format = RowFormat::kQueryResponse;
+    if (!row.contains("response")) bad(where, "no assistant turn", "a query row needs 'response'");
+    add_history(c.messages, row, where);
+    c.messages.push_back({"user", string_field(row, "query", where), std::nullopt});
+    c.messages.push_back({"assistant", string_field(row, "response", where), std::nullopt});
+  } else if (row.contains("text")) {
+    c.format = RowFormat::kText;
+    c.text = string_field(row, "text", where);
+    if (c.text.empty()) bad(where, "empty text");
+    return c;
+  } else {
+    std::string keys;
+    for (auto it = row.begin(); it != row.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+    bad(where, "unknown format",
+        "keys {" + keys + "}; expected messages, conversations, instruction/output, query/response or text");
+  }
+  apply_system(c.messages, system);
+  if (c.messages.empty()) bad(where, "no assistant turn", "the conversation is empty");
+  check_order(c.messages, where);
+  return c;
+}
+
+DatasetSource parse_dataset_source(const std::string& spec) {
+  DatasetSource s;
+  const size_t hash = spec.rfind('#');
+  if (hash == std::string::npos) {
+    s.path = spec;
+    return s;
+  }
+  s.path = spec.substr(0, hash);
+  const std::string n = spec.substr(hash + 1);
+  if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0) {
+    fail<ConfigError>("dataset '{}': the part after '#' must be a positive row count", spec);
+  }
+  s.limit = std::stoll(n);
+  return s;
+}
+
+void for_each_row(const DatasetSource& source, const std::function<void(Json&&, const std::string&)>& on_row,
+                  const std::function<void(const std::string&, const std::string&, const std::string&)>& on_bad) {
+  const std::string file = source.path.string();
+  std::ifstream in(source.path, std::ios::binary);
+  if (!in) fail<IoError>("cannot open dataset '{}'", file);
+  const int64_t limit = source.limit.value_or(INT64_MAX);
+  int64_t rows = 0;
+  // A JSON array starts with '['; anything else is read as JSONL.
+  char first = 0;
+  while (in.get(first) && std::isspace(static_cast<unsigned char>(first))) {}
+  if (!in) return;  // empty file: no rows
+  in.unget();
+  if (first == '[') {
+    struct Stop {};
+    int64_t index = 0;
+    auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+      if (depth == 1 && (event == Json::parse_event_t::object_end || event == Json::parse_event_t::array_end ||
+                         event == Json::parse_event_t::value)) {
+        const std::string where = fmt::format("{}[#{}]", file, index++);
+        on_row(std::move(parsed), where);
+        if (++rows >= limit) throw Stop{};
+        return false;  // discard: the array is never held whole
+      }
+      return true;
+    };
+    try {
+      Json::parse(in, callback);
+    } catch (const Stop&) {
+    } catch (const nlohmann::json::parse_error& e) {
+      fail<FormatError>("{}: invalid JSON at byte {} (after row #{}): {}", file, e.byte, index, e.what());
+    }
+    return;
+  }
+  std::string line;
+  for (size_t number = 1; rows < limit && std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", file, number);
+    Json row;
+    try {
+      row = Json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      on_bad(where, "invalid JSON", e.what());
+      continue;
+    }
+    on_row(std::move(row), where);
+    ++rows;
+  }
+  if (in.bad()) fail<IoError>("error while reading dataset '{}'", file);
+}
+
+int64_t SkipCounts::total() const {
+  int64_t n = 0;
+  for (const auto& [reason, count] : by_reason) n += count;
+  return n;
+}
+
+std::string SkipCounts::summary() const {
+  if (by_reason.empty()) return "";
+  std::string parts;
+  for (const auto& [reason, count] : by_reason) parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", count, reason);
+  return fmt::format("{} rows skipped: {}", total(), parts);
+}
+
+}  // namespace swiftcpp

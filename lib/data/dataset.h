@@ -1,0 +1,78 @@
+// Dataset files: JSON arrays and JSONL rows in the ms-swift forms, normalised to conversations.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/fs.h"
+#include "core/json.h"
+#include "template/template.h"
+
+namespace swiftcpp {
+
+/// The form a row was recognised as.
+enum class RowFormat { kMessages, kShareGpt, kAlpaca, kQueryResponse, kText };
+const char* row_format_name(RowFormat format);
+
+/// One training example: a conversation (for a chat template) or plain text (continued pre-training: loss on
+/// every token, no template).
+struct Conversation {
+  RowFormat format = RowFormat::kMessages;
+  std::vector<ChatMessage> messages;  // empty for kText
+  std::string text;                   // kText only
+  std::string where;                  // "file:line" (JSONL) or "file[#index]" (JSON array), for messages
+};
+
+/// A bad row: what was wrong and where. The reason is a short stable phrase used to count skips.
+class BadRowError : public FormatError {
+ public:
+  BadRowError(const std::string& where, std::string reason, const std::string& detail)
+      : FormatError(where + ": " + reason + (detail.empty() ? "" : " (" + detail + ")")), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+/// Recognises and normalises one row (auto-detected per row):
+///   {"messages": [{"role", "content", "loss"?|"loss_weight"?}]}   content: string or [{"type":"text","text"|"value"}]
+///   {"conversations": [{"from": human|gpt|system, "value"}], "system"?}                        (ShareGPT)
+///   {"instruction", "input"?, "output", "system"?, "history"?}                                 (Alpaca)
+///   {"query", "response", "history"?: [[q, a], ...], "system"?}
+///   {"text": "..."}                                                                            (plain text)
+/// `system_override`, when set, replaces the row's system prompt (or adds one).
+/// Throws BadRowError naming `where` when the row has no assistant turn, roles out of order (after an optional
+/// system message, user and assistant must alternate, starting with user and ending with assistant), a
+/// non-string content, tool-call roles (not supported yet) or an unknown form.
+Conversation normalise_row(const Json& row, const std::string& where,
+                           const std::optional<std::string>& system_override = std::nullopt);
+
+/// A dataset argument "path" or "path#N" (the first N rows).
+struct DatasetSource {
+  fs::path path;
+  std::optional<int64_t> limit;
+};
+/// Parses "path[#N]". Throws ConfigError when N is not a positive integer.
+DatasetSource parse_dataset_source(const std::string& spec);
+
+/// Streams the rows of a JSONL file (one object per line, blank lines skipped) or a JSON file holding one array
+/// of objects, without reading the whole file into memory; calls `on_row(row, where)` for each, stopping
+/// after `limit` rows. A line that is not valid JSON is reported to `on_bad(where, reason, detail)`, which
+/// may throw. Throws IoError when the file cannot be read, FormatError when a .json file is not an array.
+void for_each_row(const DatasetSource& source, const std::function<void(Json&&, const std::string&)>& on_row,
+                  const std::function<void(const std::string&, const std::string&, const std::string&)>& on_bad);
+
+/// Counts of rows skipped by reason, for the summary at the end of preprocessing.
+struct SkipCounts {
+  std::map<std::string, int64_t> by_reason;
+  int64_t total() const;
+  void add(const std::string& reason, int64_t n = 1) { by_reason[reason] += n; }
+  /// "3 rows skipped: 2 no assistant turn, 1 invalid JSON" (empty string when none).
+  std::string summary() const;
+};
+
+}  // namespace swiftcpp
