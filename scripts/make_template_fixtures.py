@@ -154,7 +154,12 @@ def main():
             sys.exit(f"error: template file {path} is missing (pass --shared)")
         fixtures[family] = render_family(env, path, bos, eos)
 
-    text = json.dumps(fixtures, ensure_ascii=False, indent=1) + "\n"
+    # One case per line: compact, and a changed rendering shows up as a one-line diff.
+    families = []
+    for family, cases in fixtures.items():
+        lines = ",\n".join("  " + json.dumps(case, ensure_ascii=False) for case in cases)
+        families.append(f" {json.dumps(family)}: [\n{lines}\n ]")
+    text = "{\n" + ",\n".join(families) + "\n}\n"
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)

@@ -64,8 +64,7 @@ int run_inspect(const DataInspectOptions& o) {
   const fs::path model_dir = o.model;
   auto tokenizer = load_tokenizer(model_dir);
   const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
-  std::shared_ptr<const ChatTemplate> tmpl;
-  if (!template_name.empty() && template_name != "raw") tmpl = make_chat_template(template_name);
+  const std::shared_ptr<const ChatTemplate> tmpl = chat_template_for(*tokenizer, template_name);
   EncodeOptions enc;
   enc.max_length = o.max_length;
   enc.truncation = parse_truncation_strategy(o.truncation);

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "data/encode.h"
 #include "infer/generate.h"
+#include "template/template.h"
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "nn/attention.h"
@@ -43,6 +45,34 @@ struct InferOptions {
   std::string output_logits;
   bool no_stream = false;
   bool echo = false;
+  std::string chat_template;  // empty: the checkpoint's; "raw": none
+  std::string system;
+};
+
+// How prompts become ids: through the chat template (the same SampleEncoder code training uses) when the
+// checkpoint has one or --template names one, else as raw text.
+struct Prompter {
+  std::shared_ptr<const TextTokenizer> tokenizer;
+  std::shared_ptr<const ChatTemplate> tmpl;  // null: raw text
+  std::optional<std::string> system;
+
+  bool chat() const { return tmpl != nullptr; }
+
+  std::vector<int64_t> ids(const std::vector<ChatMessage>& turns) const {
+    std::vector<ChatMessage> messages;
+    if (system) messages.push_back({"system", *system, std::nullopt});
+    messages.insert(messages.end(), turns.begin(), turns.end());
+    const SampleEncoder encoder(tokenizer, tmpl, EncodeOptions{});
+    const std::vector<int> out = encoder.encode_prompt(messages);
+    return std::vector<int64_t>(out.begin(), out.end());
+  }
+
+  std::vector<int64_t> ids(const std::string& text) const {
+    if (chat()) return ids(std::vector<ChatMessage>{{"user", text, std::nullopt}});
+    const std::vector<int> out = tokenize_rendered(*tokenizer, text);
+    if (out.empty()) fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
+    return std::vector<int64_t>(out.begin(), out.end());
+  }
 };
 
 // Sampling defaults come from the checkpoint's generation_config.json (as Hugging Face generate() does);
@@ -97,8 +127,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // One prompt, streamed to stdout.
-int run_single(Generator& gen, const GenerationConfig& config, const InferOptions& o, const std::string& prompt) {
-  const std::vector<int64_t> ids = gen.encode_prompt(prompt);
+std::string run_single(Generator& gen, const GenerationConfig& config, const InferOptions& o,
+                       const std::vector<int64_t>& ids, const std::string& prompt) {
   if (o.echo) std::cout << prompt << std::flush;
   const auto t0 = std::chrono::steady_clock::now();
   TextCallback stream;
@@ -111,11 +141,11 @@ int run_single(Generator& gen, const GenerationConfig& config, const InferOption
                            ids.size(), results[0].new_ids.size(), elapsed,
                            results[0].new_ids.size() / std::max(elapsed, 1e-9), results[0].finish_reason)
             << std::endl;
-  return 0;
+  return results[0].text;
 }
 
 // A JSONL file of prompts, generated in length-sorted batches, written as JSONL in input order.
-int run_file(Generator& gen, const GenerationConfig& config, const InferOptions& o) {
+int run_file(Generator& gen, const GenerationConfig& config, const InferOptions& o, const Prompter& prompter) {
   if (o.output.empty()) fail<ConfigError>("--prompts-file needs --output FILE.jsonl");
   if (o.batch_size < 1) fail<ConfigError>("--batch-size must be >= 1, got {}", o.batch_size);
   std::istringstream in(read_text_file(o.prompts_file));
@@ -126,11 +156,25 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", o.prompts_file, number);
     JsonObject row(parse_json(line, where), where);
-    std::string text;
-    if (row.has("prompt")) text = row.get<std::string>("prompt");
-    else if (row.has("text")) text = row.get<std::string>("text");
-    else fail<FormatError>("{}: expected a string field 'prompt' (or 'text')", where);
-    prompts.push_back(gen.encode_prompt(text));
+    if (row.has("messages")) {
+      if (!prompter.chat()) fail<ConfigError>("{}: 'messages' rows need a chat template (--template NAME)", where);
+      std::vector<ChatMessage> turns;
+      for (const auto& m : row.raw().at("messages")) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m.at("role").is_string() ||
+            !m.at("content").is_string()) {
+          fail<FormatError>("{}: each message needs string 'role' and 'content'", where);
+        }
+        turns.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>(), std::nullopt});
+      }
+      if (turns.empty() || turns.back().role != "user") fail<FormatError>("{}: 'messages' must end with a user turn", where);
+      prompts.push_back(prompter.ids(turns));
+    } else {
+      std::string text;
+      if (row.has("prompt")) text = row.get<std::string>("prompt");
+      else if (row.has("text")) text = row.get<std::string>("text");
+      else fail<FormatError>("{}: expected a string field 'prompt' (or 'text', or a 'messages' list)", where);
+      prompts.push_back(prompter.ids(text));
+    }
     rows.push_back(row.raw());
   }
   std::vector<size_t> order(prompts.size());
@@ -167,14 +211,27 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
   return 0;
 }
 
-// A read-eval loop on stdin. Each line is a prompt of its own; multi-turn chat needs a chat template.
-int run_interactive(Generator& gen, const GenerationConfig& config, const InferOptions& o) {
-  std::cerr << "swiftcpp interactive: type a prompt and press Enter; /exit or end of input quits." << std::endl;
+// A read-eval loop on stdin. With a chat template it is a multi-turn chat (/reset forgets the history);
+// without one each line is a prompt of its own.
+int run_interactive(Generator& gen, const GenerationConfig& config, const InferOptions& o, const Prompter& prompter) {
+  std::cerr << "swiftcpp interactive" << (prompter.chat() ? " chat" : "")
+            << ": type and press Enter; /reset clears the conversation, /exit or end of input quits." << std::endl;
+  std::vector<ChatMessage> history;
   std::string line;
   while (true) {
     std::cout << "> " << std::flush;
     if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
-    run_single(gen, config, o, line);
+    if (line == "/reset") {
+      history.clear();
+      continue;
+    }
+    if (!prompter.chat()) {
+      run_single(gen, config, o, prompter.ids(line), line);
+      continue;
+    }
+    history.push_back({"user", line, std::nullopt});
+    const std::string reply = run_single(gen, config, o, prompter.ids(history), line);
+    history.push_back({"assistant", reply, std::nullopt});
   }
   return 0;
 }
@@ -196,6 +253,14 @@ int run_infer(const InferOptions& o) {
                            seconds_since(t0))
             << std::endl;
   Generator gen(model, tokenizer);
+  Prompter prompter;
+  prompter.tokenizer = tokenizer;
+  const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
+  prompter.tmpl = chat_template_for(*tokenizer, template_name);
+  if (!o.system.empty()) {
+    if (!prompter.chat()) fail<ConfigError>("--system needs a chat template: the checkpoint has none (--template NAME)");
+    prompter.system = o.system;
+  }
 
   GenerationConfig config;
   config.max_new_tokens = o.max_new_tokens;
@@ -206,16 +271,17 @@ int run_infer(const InferOptions& o) {
   }
 
   if (!o.output_logits.empty()) {
-    const std::vector<int64_t> ids = gen.encode_prompt(o.prompt);
+    const std::vector<int64_t> ids = prompter.ids(o.prompt);
     const at::Tensor logits = gen.prompt_logits(ids);  // [T, V]
     save_safetensors(o.output_logits, {{"input_ids", at::tensor(ids, at::kLong)}, {"logits", logits}},
                      {{"model", model_dir.string()}, {"dtype", o.dtype}});
     std::cerr << fmt::format("[wrote logits [{}, {}] to {}]", logits.size(0), logits.size(1), o.output_logits)
               << std::endl;
   }
-  if (o.interactive) return run_interactive(gen, config, o);
-  if (!o.prompts_file.empty()) return run_file(gen, config, o);
-  return run_single(gen, config, o, o.prompt);
+  if (o.interactive) return run_interactive(gen, config, o, prompter);
+  if (!o.prompts_file.empty()) return run_file(gen, config, o, prompter);
+  run_single(gen, config, o, prompter.ids(o.prompt), o.prompt);
+  return 0;
 }
 
 }  // namespace
@@ -250,6 +316,10 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--output-logits", o->output_logits, "Write the prompt's full logits [T, V] to a safetensors file");
   cmd->add_flag("--no-stream", o->no_stream, "Print the text when done instead of token by token");
   cmd->add_flag("--echo", o->echo, "Print the prompt before the generated text");
+  cmd->add_option("--template", o->chat_template,
+                  "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, default, raw); default: the "
+                  "checkpoint's, raw text when it has none");
+  cmd->add_option("--system", o->system, "System prompt (needs a chat template)");
   return [o]() { return run_infer(*o); };
 }
 

@@ -115,8 +115,11 @@ Conversation normalise_row(const Json& row, const std::string& where, const std:
       }
       ChatMessage msg{normalise_role(m.at("role").get<std::string>(), where), content_text(m.at("content"), where),
                       std::nullopt};
-      if (m.contains("loss") && m.at("loss").is_boolean()) msg.loss = m.at("loss").get<bool>();
-      if (m.contains("loss_weight") && m.at("loss_weight").is_number()) msg.loss = m.at("loss_weight").get<double>() != 0.0;
+      // Loss flags matter on assistant turns only; other roles are never trained.
+      if (msg.role == "assistant") {
+        if (m.contains("loss") && m.at("loss").is_boolean()) msg.loss = m.at("loss").get<bool>();
+        if (m.contains("loss_weight") && m.at("loss_weight").is_number()) msg.loss = m.at("loss_weight").get<double>() != 0.0;
+      }
       c.messages.push_back(std::move(msg));
     }
   } else if (row.contains("conversations")) {

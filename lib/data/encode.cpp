@@ -25,11 +25,18 @@ SampleEncoder::SampleEncoder(std::shared_ptr<const TextTokenizer> tokenizer,
   if (options_.max_length < 2) fail<ConfigError>("max_length must be >= 2, got {}", options_.max_length);
 }
 
-// Template text carries its own BOS string where the family wants one (llama3, gemma, llama2); otherwise the
-// tokenizer's add_bos rule applies, as in Hugging Face's apply_chat_template + tokenizer.
-std::vector<int> SampleEncoder::tokenize(const std::string& text) const {
-  std::vector<int> ids = tokenizer_->encode_with_special_tokens(text);
-  const auto& sp = tokenizer_->specials();
+std::shared_ptr<const ChatTemplate> chat_template_for(const TextTokenizer& tokenizer, const std::string& name) {
+  if (name.empty() || name == "raw") return nullptr;
+  TemplateTokens tokens;
+  const auto& sp = tokenizer.specials();
+  if (sp.bos) tokens.bos_token = tokenizer.id_to_piece(*sp.bos);
+  if (!sp.eos.empty()) tokens.eos_token = tokenizer.id_to_piece(sp.eos.front());
+  return make_chat_template(name, tokens);
+}
+
+std::vector<int> tokenize_rendered(const TextTokenizer& tokenizer, const std::string& text) {
+  std::vector<int> ids = tokenizer.encode_with_special_tokens(text);
+  const auto& sp = tokenizer.specials();
   if (sp.add_bos && sp.bos && (ids.empty() || ids.front() != *sp.bos)) ids.insert(ids.begin(), *sp.bos);
   return ids;
 }
@@ -38,9 +45,9 @@ std::vector<int> SampleEncoder::encode_prompt(const std::vector<ChatMessage>& me
   if (!template_) {
     std::string text;
     for (const auto& m : messages) text += m.content;
-    return tokenize(text);
+    return tokenize_rendered(*tokenizer_, text);
   }
-  return tokenize(template_->render_text(messages, /*add_generation_prompt=*/true));
+  return tokenize_rendered(*tokenizer_, template_->render_text(messages, /*add_generation_prompt=*/true));
 }
 
 std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
@@ -51,7 +58,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
   // part with what we had are the new text's, so every id is what tokenising the full text gives.
   auto append = [&](const std::string& text, bool train) {
     prefix += text;
-    const std::vector<int> upto = tokenize(prefix);
+    const std::vector<int> upto = tokenize_rendered(*tokenizer_, prefix);
     size_t common = 0;
     while (common < ids.size() && common < upto.size() && ids[common] == upto[common]) ++common;
     ids.resize(common);

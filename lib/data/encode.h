@@ -12,6 +12,15 @@ namespace swiftcpp {
 
 class TextTokenizer;
 
+/// Tokenises rendered text exactly as training and inference both do: special-token strings become their ids,
+/// and BOS is prepended when the tokenizer adds one and the text does not already start with it (chat templates
+/// that write their own BOS string, as Hugging Face's apply_chat_template does). Throws like the tokenizer.
+std::vector<int> tokenize_rendered(const TextTokenizer& tokenizer, const std::string& text);
+
+/// The chat template `name` writing the tokenizer's own BOS/EOS strings (as Hugging Face passes bos_token and
+/// eos_token to the Jinja template); null for "" or "raw" (raw text). Throws ConfigError for an unknown name.
+std::shared_ptr<const ChatTemplate> chat_template_for(const TextTokenizer& tokenizer, const std::string& name);
+
 enum class TruncationStrategy { kDelete, kLeft, kRight };
 enum class LossScale { kDefault, kLastRound };
 
@@ -49,8 +58,6 @@ class SampleEncoder {
   const EncodeOptions& options() const { return options_; }
 
  private:
-  std::vector<int> tokenize(const std::string& text) const;
-
   std::shared_ptr<const TextTokenizer> tokenizer_;
   std::shared_ptr<const ChatTemplate> template_;
   EncodeOptions options_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/encode.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {
@@ -47,7 +48,7 @@ Generator::Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokeni
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)) {}
 
 std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
-  const std::vector<int> ids = tokenizer_->encode_with_specials(text);
+  const std::vector<int> ids = tokenize_rendered(*tokenizer_, text);
   if (!ids.empty()) return std::vector<int64_t>(ids.begin(), ids.end());
   if (!tokenizer_->specials().bos) {
     fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");

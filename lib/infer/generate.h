@@ -40,7 +40,8 @@ class Generator {
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
                                          const GenerationConfig& config, const TextCallback& on_text = {});
 
-  /// Tokenises `text` the way the model expects (BOS etc.); an empty text gives BOS alone.
+  /// Tokenises raw `text` as training does (tokenize_rendered: special-token strings parsed, BOS when the
+  /// tokenizer adds one); an empty text gives BOS alone.
   /// Throws ConfigError when the text is empty and the tokenizer has no BOS.
   std::vector<int64_t> encode_prompt(const std::string& text) const;
 

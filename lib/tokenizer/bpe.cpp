@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -456,46 +457,96 @@ class MergeTable {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// Pre-token bytes -> ids, shared by all threads: 64 shards, each a mutex and a map with a bounded number of
-// entries (once full, a shard stops taking new words, like Hugging Face's cache).
+// Pre-token bytes -> ids, shared by all threads. 64 shards, each with a table of kSlots atomic slots and an
+// arena of immutable entries (u32 key bytes, u32 id count, key padded to 4 bytes, ids). Lookups take no lock
+// and write nothing shared: a slot is published with a release store after its entry is written, and neither
+// slots nor entries ever change or move afterwards. Inserts take the shard's mutex. A shard stops taking words
+// once half its slots or its arena are used (a bounded cache, like Hugging Face's).
 
 class PieceCache {
  public:
   static constexpr size_t kMaxKeyBytes = 256;
 
-  bool find(std::string_view key, size_t hash, std::vector<int>& out) const {
-    Shard& shard = shards_[hash % kShards];
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    const auto it = shard.map.find(Key{key, hash});
-    if (it == shard.map.end()) return false;
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
+  PieceCache() = default;
+  PieceCache(const PieceCache&) = delete;
+  PieceCache& operator=(const PieceCache&) = delete;
+  ~PieceCache() {
+    for (Shard& shard : shards_) delete shard.table.load(std::memory_order_relaxed);
   }
-  void insert(std::string_view key, size_t hash, const int* ids, size_t n) const {
-    Shard& shard = shards_[hash % kShards];
+
+  bool find(std::string_view key, size_t hash, std::vector<int>& out) const {
+    const Table* table = shards_[shard_of(hash)].table.load(std::memory_order_acquire);
+    if (table == nullptr) return false;
+    for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+      const uint64_t slot = table->slots[i].load(std::memory_order_acquire);
+      if (slot == 0) return false;
+      if ((slot >> kTagShift) != (static_cast<uint64_t>(hash) >> kTagShift)) continue;
+      const char* entry = table->arena + (slot & kOffsetMask);
+      uint32_t key_bytes = 0, n_ids = 0;
+      std::memcpy(&key_bytes, entry, 4);
+      if (key_bytes != key.size() || std::memcmp(entry + 8, key.data(), key.size()) != 0) continue;
+      std::memcpy(&n_ids, entry + 4, 4);
+      const size_t start = out.size();
+      out.resize(start + n_ids);
+      std::memcpy(out.data() + start, entry + 8 + padded(key_bytes), n_ids * sizeof(int));
+      return true;
+    }
+  }
+
+  void insert(std::string_view key, size_t hash, const int* ids, size_t n) {
+    Shard& shard = shards_[shard_of(hash)];
     std::lock_guard<std::mutex> lock(shard.mutex);
-    if (shard.map.size() >= kEntriesPerShard || shard.map.count(Key{key, hash}) != 0) return;
-    const std::string& stored = shard.keys.emplace_back(key);
-    shard.map.emplace(Key{stored, hash}, std::vector<int>(ids, ids + n));
+    Table* table = shard.table.load(std::memory_order_relaxed);
+    if (table == nullptr) {
+      table = new Table;  // the arena stays untouched (and unbacked by memory) until used
+      for (auto& slot : table->slots) slot.store(0, std::memory_order_relaxed);
+      shard.table.store(table, std::memory_order_release);
+    }
+    const size_t entry_bytes = 8 + padded(key.size()) + n * sizeof(int);
+    if (2 * (table->entries + 1) > kSlots || table->used + entry_bytes > kArenaBytes) return;
+    size_t i = hash & (kSlots - 1);
+    for (;; i = (i + 1) & (kSlots - 1)) {
+      const uint64_t slot = table->slots[i].load(std::memory_order_relaxed);
+      if (slot == 0) break;
+      if ((slot >> kTagShift) != (static_cast<uint64_t>(hash) >> kTagShift)) continue;
+      const char* entry = table->arena + (slot & kOffsetMask);
+      uint32_t key_bytes = 0;
+      std::memcpy(&key_bytes, entry, 4);
+      if (key_bytes == key.size() && std::memcmp(entry + 8, key.data(), key.size()) == 0) return;  // already in
+    }
+    char* entry = table->arena + table->used;
+    const auto key_bytes = static_cast<uint32_t>(key.size()), n_ids = static_cast<uint32_t>(n);
+    std::memcpy(entry, &key_bytes, 4);
+    std::memcpy(entry + 4, &n_ids, 4);
+    std::memcpy(entry + 8, key.data(), key.size());
+    std::memcpy(entry + 8 + padded(key.size()), ids, n * sizeof(int));
+    const uint64_t slot = ((static_cast<uint64_t>(hash) >> kTagShift) << kTagShift) | kOccupied | table->used;
+    table->used += entry_bytes;
+    ++table->entries;
+    table->slots[i].store(slot, std::memory_order_release);
   }
 
  private:
   static constexpr size_t kShards = 64;
-  static constexpr size_t kEntriesPerShard = 4096;
-  struct Key {
-    std::string_view bytes;
-    size_t hash;
-    bool operator==(const Key& other) const { return bytes == other.bytes; }
-  };
-  struct KeyHash {
-    size_t operator()(const Key& key) const { return key.hash; }
+  static constexpr size_t kSlots = 4096;
+  static constexpr size_t kArenaBytes = size_t{1} << 20;
+  // A slot: bits 21..63 the key's hash (the tag), bit 20 set when occupied, bits 0..19 the entry's offset.
+  static constexpr unsigned kTagShift = 21;
+  static constexpr uint64_t kOccupied = uint64_t{1} << 20;
+  static constexpr uint64_t kOffsetMask = kOccupied - 1;
+  struct Table {
+    std::atomic<uint64_t> slots[kSlots];
+    char arena[kArenaBytes];
+    size_t used = 0;     // arena bytes written (under the shard's mutex)
+    size_t entries = 0;  // slots used (under the shard's mutex)
   };
   struct Shard {
     std::mutex mutex;
-    std::deque<std::string> keys;  // the bytes the map's keys point into (a deque never moves its elements)
-    std::unordered_map<Key, std::vector<int>, KeyHash> map;
+    std::atomic<Table*> table{nullptr};
   };
-  mutable std::array<Shard, kShards> shards_;
+  static size_t shard_of(size_t hash) { return (static_cast<uint64_t>(hash) >> 58) % kShards; }
+  static size_t padded(size_t n) { return (n + 3) & ~static_cast<size_t>(3); }
+  std::array<Shard, kShards> shards_;
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -559,7 +610,7 @@ struct BpeTokenizer::Impl {
   AddedTokenMatcher normalized_all, normalized_plain;  // ... in the normalized text
   std::optional<int> bos, eos;
 
-  PieceCache cache;
+  mutable PieceCache cache;
 
   // ---- loading ----
 

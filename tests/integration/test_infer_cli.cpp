@@ -7,7 +7,9 @@
 #include <cstdlib>
 
 #include "core/fs.h"
+#include "data/encode.h"
 #include "io/safetensors.h"
+#include "tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace swiftcpp {
@@ -76,6 +78,56 @@ TEST(InferCli, WarnsWhenOnlyTheReferenceBlasIsLoaded) {
   r = run_cli(args, "LD_PRELOAD=" + reference.string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("warning: only the reference BLAS is loaded"), std::string::npos) << r.out;
+}
+
+// A stories260K copy whose tokenizer knows ChatML's markers (as added tokens 3 and 4).
+fs::path chatml_model(const std::string& name) {
+  const fs::path dir = test::temp_dir(name);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.model", "generation_config.json"}) {
+    fs::copy_file(stories_dir() / f, dir / f);
+  }
+  write_file_atomic(dir / "tokenizer_config.json", R"({"add_bos_token": false, "bos_token": "<s>", "eos_token": "<|im_end|>",
+    "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": true}, "4": {"content": "<|im_end|>", "special": true}}})");
+  return dir;
+}
+
+// infer renders prompts with the same code the trainer uses: the prompt ids equal SampleEncoder::encode_prompt.
+TEST(InferCli, ChatTemplatePromptsUseTheTrainingEncoder) {
+  const fs::path model = chatml_model("cli_chat");
+  const fs::path logits = model / "logits.safetensors";
+  CliRun r = run_cli("infer --model " + model.string() + " --template chatml --system 'Be kind.' --prompt 'Hi there' "
+                     "--max-new-tokens 2 --output-logits " + logits.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto tok = load_tokenizer(model);
+  SampleEncoder enc(tok, chat_template_for(*tok, "chatml"), {});
+  const std::vector<int> expected =
+      enc.encode_prompt({{"system", "Be kind.", std::nullopt}, {"user", "Hi there", std::nullopt}});
+  const at::Tensor ids = SafetensorsFile::open(logits)->tensor("input_ids");
+  EXPECT_EQ(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()),
+            std::vector<int64_t>(expected.begin(), expected.end()));
+  EXPECT_EQ(tok->decode_with_special_tokens(expected),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
+  r = run_cli("infer --model " + stories_dir().string() + " --system x --prompt hi");
+  EXPECT_EQ(r.code, 2) << r.out;  // no chat template to put a system prompt in
+}
+
+TEST(DataCli, InspectMarksTrainedTextAndCountsSkips) {
+  const fs::path alpaca = test::assets() / "data/sft/alpaca_en_demo.json";
+  SWIFTCPP_REQUIRE_SHARED(alpaca);
+  CliRun r = run_cli("data inspect --model " + stories_dir().string() + " --dataset " + alpaca.string() +
+                     "#40 --max-length 256");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rows read 40"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("«"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("longer than max_length"), std::string::npos) << r.out;
+  const fs::path dir = test::temp_dir("cli_data_bad");
+  write_file_atomic(dir / "d.jsonl", "{\"query\": \"a\", \"response\": \"b\"}\n{\"query\": \"a\"}\n");
+  r = run_cli("data inspect --model " + stories_dir().string() + " --dataset " + (dir / "d.jsonl").string());
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("d.jsonl:2: no assistant turn"), std::string::npos) << r.out;
+  r = run_cli("data inspect --model " + stories_dir().string() + " --no-strict --dataset " + (dir / "d.jsonl").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 rows skipped: 1 no assistant turn"), std::string::npos) << r.out;
 }
 
 TEST(InferCli, BadInputsGiveClearErrorsAndExitCodes) {

@@ -66,7 +66,7 @@ TEST(Dataset, RealFilesOfEveryForm) {
   // messages with content parts [{"type": "text", "value": ...}] and loss_weight
   c = normalise_row(first_row(sft / "v1_sft_demo.jsonl"), "w");
   EXPECT_EQ(c.messages[0].content, "hi");
-  EXPECT_EQ(c.messages[0].loss, std::optional<bool>(false));
+  EXPECT_EQ(c.messages[0].loss, std::nullopt);  // loss flags only matter on assistant turns
   EXPECT_EQ(c.messages[1].loss, std::optional<bool>(true));
   // Tool-call data is rejected with a clear reason, not mangled.
   EXPECT_EQ(reason_of(first_row(sft / "glaive_toolcall_en_demo.json")), "tool-call rows are not supported yet");
