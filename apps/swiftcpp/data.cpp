@@ -26,6 +26,9 @@ struct DataInspectOptions {
   bool lenient = false;
   int64_t show = 1;
   std::string cache_dir;
+  double split_dataset_ratio = 0.0;
+  bool shuffle = false;
+  uint64_t seed = 42;
 };
 
 // Text of ids with the trained tokens wrapped in markers (green on a terminal, «…» otherwise).
@@ -60,7 +63,7 @@ std::string tokenizer_fingerprint(const fs::path& dir) {
   return fp;
 }
 
-int run_inspect(const DataInspectOptions& o) {
+int run_inspect(const DataInspectOptions& o, int threads) {
   const fs::path model_dir = o.model;
   auto tokenizer = load_tokenizer(model_dir);
   const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
@@ -75,9 +78,12 @@ int run_inspect(const DataInspectOptions& o) {
   data.dataset = o.dataset;
   data.val_dataset = o.val_dataset;
   data.strict = !o.lenient;
-  data.dataset_shuffle = false;
+  data.dataset_shuffle = o.shuffle;
+  data.seed = o.seed;
+  data.split_dataset_ratio = o.split_dataset_ratio;
   if (!o.system.empty()) data.system = o.system;
   data.cache_dir = o.cache_dir;
+  data.num_threads = threads;  // swiftcpp --threads N; 0: every usable core
   const std::string fingerprint = fmt::format("{}|template={}|max_length={}|trunc={}|loss={}",
                                               tokenizer_fingerprint(model_dir), template_name, o.max_length,
                                               o.truncation, o.loss_scale);
@@ -125,7 +131,7 @@ int run_inspect(const DataInspectOptions& o) {
 
 }  // namespace
 
-CommandRun add_data_command(CLI::App& root, const GlobalOptions&) {
+CommandRun add_data_command(CLI::App& root, const GlobalOptions& globals) {
   auto o = std::make_shared<DataInspectOptions>();
   CLI::App* data = root.add_subcommand("data", "Inspect datasets as the trainer will see them");
   data->require_subcommand(1);
@@ -141,7 +147,11 @@ CommandRun add_data_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_flag("--no-strict", o->lenient, "Skip bad rows (counted by reason) instead of failing");
   cmd->add_option("--show", o->show, "Samples to print")->capture_default_str();
   cmd->add_option("--cache-dir", o->cache_dir, "Tokenized-data cache folder");
-  return [o]() { return run_inspect(*o); };
+  cmd->add_option("--split-dataset-ratio", o->split_dataset_ratio, "Share held out for validation (no --val-dataset)")
+      ->capture_default_str();
+  cmd->add_flag("--dataset-shuffle", o->shuffle, "Shuffle the rows (with --seed) before splitting");
+  cmd->add_option("--seed", o->seed, "Shuffle seed")->capture_default_str();
+  return [o, &globals]() { return run_inspect(*o, globals.threads); };
 }
 
 }  // namespace swiftcpp::app
