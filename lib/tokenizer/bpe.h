@@ -8,7 +8,7 @@
 //      MergedWithPrevious, MergedWithNext, Contiguous; invert), Digits, Punctuation, ByteLevel (prefix space,
 //      GPT-2 regex), Sequence. Steps after ByteLevel see the byte-to-unicode image of the text, as in HF;
 //   4. each pre-token is merged by rank (lowest rank first, leftmost first among equals) on its bytes; results
-//      are cached per pre-token in a sharded, mutex-protected cache bounded in size.
+//      are cached per pre-token in a bounded, sharded cache whose lookups take no lock (inserts do).
 // Decoding (ByteLevel decoder) concatenates the bytes of each token; a token whose vocabulary string has a
 // character outside the byte-to-unicode image contributes its UTF-8 bytes as written (HF does the same).
 // Components that change results but are not implemented are FormatErrors naming the file and the type.
