@@ -4,10 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <c10/core/Device.h>
+#include <sys/wait.h>
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include "core/fs.h"
 
 #include "core/json.h"
 
@@ -31,6 +38,53 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// Exit code and combined stdout/stderr of the swiftcpp binary run with `args` (a shell fragment), with an
+/// optional environment prefix such as "LD_PRELOAD=...".
+struct CliRun {
+  int code;
+  std::string out;
+};
+inline CliRun run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// llama.cpp's tokenizer test vectors: `.inp` holds strings each followed by "\n__ggml_vocab_test__\n", `.out`
+/// one line of space-separated ids per string (no BOS).
+struct GoldenVectors {
+  std::vector<std::string> texts;
+  std::vector<std::vector<int>> ids;
+};
+inline GoldenVectors read_llamacpp_vectors(const std::filesystem::path& inp, const std::filesystem::path& out) {
+  GoldenVectors vectors;
+  const std::string text = swiftcpp::read_text_file(inp);
+  const std::string separator = "\n__ggml_vocab_test__\n";
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = text.find(separator, start);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << inp << ": trailing text without a separator";
+      break;
+    }
+    vectors.texts.push_back(text.substr(start, end - start));
+    start = end + separator.size();
+  }
+  std::istringstream lines(swiftcpp::read_text_file(out));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::vector<int> ids;
+    for (int id = 0; fields >> id;) ids.push_back(id);
+    vectors.ids.push_back(std::move(ids));
+  }
+  return vectors;
 }
 
 }  // namespace swiftcpp::test

@@ -17,22 +17,8 @@ namespace {
 
 using test::source_dir;
 using test::stories_dir;
-
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::CliRun;
+using test::run_cli;
 
 TEST(InferCli, GreedyTextFromEmptyPrompt) {
   const std::string expected = read_text_file(source_dir() / "tests/data/stories260K_expected_greedy_t0_n200.txt");

@@ -33,53 +33,10 @@ const fs::path kGpt2Dir = assets() / "tokenizers/gpt2";
 const fs::path kGpt2Inp = assets() / "tokenizers/llamacpp-vectors/ggml-vocab-gpt-2.gguf.inp";
 const fs::path kGpt2Out = assets() / "tokenizers/llamacpp-vectors/ggml-vocab-gpt-2.gguf.out";
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void write_all(const fs::path& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-}
-
 std::string show(const std::vector<int>& ids) {
   std::string s;
   for (int id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
   return "[" + s + "]";
-}
-
-// llama.cpp's vectors: texts each followed by "\n__ggml_vocab_test__\n" (no leading separator); one line of ids
-// per text in the .out file.
-struct GoldenVectors {
-  std::vector<std::string> texts;
-  std::vector<std::vector<int>> ids;
-};
-
-GoldenVectors read_vectors(const fs::path& inp, const fs::path& out) {
-  GoldenVectors vectors;
-  const std::string text = read_all(inp);
-  const std::string separator = "\n__ggml_vocab_test__\n";
-  for (size_t start = 0; start < text.size();) {
-    const size_t end = text.find(separator, start);
-    if (end == std::string::npos) {
-      ADD_FAILURE() << inp << ": trailing text without a separator";
-      break;
-    }
-    vectors.texts.push_back(text.substr(start, end - start));
-    start = end + separator.size();
-  }
-  std::istringstream lines(read_all(out));
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::vector<int> ids;
-    for (int id = 0; fields >> id;) ids.push_back(id);
-    vectors.ids.push_back(std::move(ids));
-  }
-  return vectors;
 }
 
 // GPT-2's byte-to-unicode table, written out independently of the library: printable bytes stand for
@@ -148,7 +105,7 @@ std::shared_ptr<BpeTokenizer> from(const json& root) { return BpeTokenizer::from
 // ---------------------------------------------------------------------------------------------------------
 // GPT-2 against llama.cpp
 
-void expect_vectors(const Tokenizer& tokenizer, const GoldenVectors& vectors) {
+void expect_vectors(const Tokenizer& tokenizer, const test::GoldenVectors& vectors) {
   for (size_t i = 0; i < vectors.texts.size(); ++i) {
     const std::vector<int> ids = tokenizer.encode(vectors.texts[i]);
     EXPECT_EQ(ids, vectors.ids[i]) << "vector " << i << " '" << vectors.texts[i] << "': got " << show(ids)
@@ -159,7 +116,7 @@ void expect_vectors(const Tokenizer& tokenizer, const GoldenVectors& vectors) {
 TEST(BpeGpt2, LlamaCppVectorsWithTokenizerJson) {
   SWIFTCPP_REQUIRE_SHARED(kGpt2Inp);
   SWIFTCPP_REQUIRE_SHARED(kGpt2Dir / "tokenizer.json");
-  const GoldenVectors vectors = read_vectors(kGpt2Inp, kGpt2Out);
+  const test::GoldenVectors vectors = test::read_llamacpp_vectors(kGpt2Inp, kGpt2Out);
   ASSERT_EQ(vectors.texts.size(), 46u) << "the vector file changed";
   ASSERT_EQ(vectors.texts.size(), vectors.ids.size());
   const auto tokenizer = BpeTokenizer::load(kGpt2Dir / "tokenizer.json");
@@ -170,7 +127,7 @@ TEST(BpeGpt2, LlamaCppVectorsWithTokenizerJson) {
 TEST(BpeGpt2, LlamaCppVectorsWithVocabAndMerges) {
   SWIFTCPP_REQUIRE_SHARED(kGpt2Inp);
   SWIFTCPP_REQUIRE_SHARED(kGpt2Dir / "vocab.json");
-  const GoldenVectors vectors = read_vectors(kGpt2Inp, kGpt2Out);
+  const test::GoldenVectors vectors = test::read_llamacpp_vectors(kGpt2Inp, kGpt2Out);
   ASSERT_EQ(vectors.texts.size(), 46u);
   const auto tokenizer = BpeTokenizer::load_vocab_merges(kGpt2Dir / "vocab.json", kGpt2Dir / "merges.txt");
   EXPECT_EQ(tokenizer->vocab_size(), 50257);
@@ -180,7 +137,7 @@ TEST(BpeGpt2, LlamaCppVectorsWithVocabAndMerges) {
 TEST(BpeGpt2, VectorsRoundTrip) {
   SWIFTCPP_REQUIRE_SHARED(kGpt2Inp);
   SWIFTCPP_REQUIRE_SHARED(kGpt2Dir / "tokenizer.json");
-  const GoldenVectors vectors = read_vectors(kGpt2Inp, kGpt2Out);
+  const test::GoldenVectors vectors = test::read_llamacpp_vectors(kGpt2Inp, kGpt2Out);
   const auto json_tokenizer = BpeTokenizer::load(kGpt2Dir / "tokenizer.json");
   const auto pair_tokenizer = BpeTokenizer::load_vocab_merges(kGpt2Dir / "vocab.json", kGpt2Dir / "merges.txt");
   for (size_t i = 0; i < vectors.texts.size(); ++i) {
@@ -264,7 +221,7 @@ TEST(BpeLoad, SentencePieceStyleTokenizerJsonDefersToTokenizerModel) {
   const fs::path dir = test::temp_dir("bpe_spm_json");
   fs::copy(stories_dir() / "tokenizer.model", dir / "tokenizer.model");
   json root = tiny_tokenizer({}, {{"type", "Metaspace"}, {"replacement", "▁"}});
-  write_all(dir / "tokenizer.json", root.dump());
+  write_file_atomic(dir / "tokenizer.json", root.dump());
   const auto tokenizer = load_tokenizer(dir);
   EXPECT_EQ(tokenizer->encode("Once upon a time"), (std::vector<int>{403, 407, 261, 378}));
   fs::remove(dir / "tokenizer.model");
@@ -437,7 +394,7 @@ TEST(BpePostProcessor, TemplateProcessingBosThroughLoadTokenizer) {
        "pair": [],
        "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [400], "tokens": ["<|begin_of_text|>"]}}}]})");
   const fs::path dir = test::temp_dir("bpe_template");
-  write_all(dir / "tokenizer.json", root.dump());
+  write_file_atomic(dir / "tokenizer.json", root.dump());
   auto tokenizer = load_tokenizer(dir);
   EXPECT_EQ(tokenizer->specials().bos, 400);
   EXPECT_TRUE(tokenizer->specials().add_bos);
@@ -445,7 +402,7 @@ TEST(BpePostProcessor, TemplateProcessingBosThroughLoadTokenizer) {
   EXPECT_EQ(tokenizer->encode_with_specials("hi"), (std::vector<int>{400, 256}));
   EXPECT_EQ(tokenizer->encode_with_specials("<|begin_of_text|>hi", true), (std::vector<int>{400, 400, 256}));
   // tokenizer_config.json's add_bos_token wins over the template.
-  write_all(dir / "tokenizer_config.json", R"({"add_bos_token": false})");
+  write_file_atomic(dir / "tokenizer_config.json", R"({"add_bos_token": false})");
   tokenizer = load_tokenizer(dir);
   EXPECT_EQ(tokenizer->encode_with_specials("hi"), std::vector<int>{256});
 }
@@ -454,7 +411,7 @@ TEST(BpePostProcessor, TemplateProcessingBosThroughLoadTokenizer) {
 // Malformed files
 
 void expect_format_error(const fs::path& path, const std::string& content, const std::string& needle) {
-  write_all(path, content);
+  write_file_atomic(path, content);
   try {
     BpeTokenizer::load(path);
     ADD_FAILURE() << "expected FormatError for " << needle;
@@ -494,8 +451,8 @@ TEST(BpeErrors, MalformedTokenizerJsonIsFormatErrorNamingTheFile) {
   expect_format_error(path, bad.dump(), "model");
   EXPECT_THROW(BpeTokenizer::load(dir / "missing.json"), IoError);
 
-  write_all(dir / "vocab.json", R"({"a": 0, "b": 1, "ab": 2})");
-  write_all(dir / "merges.txt", "#version: 0.2\na b\nab\n");
+  write_file_atomic(dir / "vocab.json", R"({"a": 0, "b": 1, "ab": 2})");
+  write_file_atomic(dir / "merges.txt", "#version: 0.2\na b\nab\n");
   try {
     BpeTokenizer::load_vocab_merges(dir / "vocab.json", dir / "merges.txt");
     FAIL() << "expected FormatError";
@@ -518,7 +475,7 @@ TEST(BpeErrors, LoadTokenizerMessages) {
       EXPECT_NE(message.find(name), std::string::npos) << message;
     }
   }
-  write_all(dir / "tokenizer.json", "{\"model\": ");
+  write_file_atomic(dir / "tokenizer.json", "{\"model\": ");
   EXPECT_THROW(load_tokenizer(dir), FormatError);
 }
 
@@ -548,7 +505,7 @@ TEST(SpecialTokenStrings, SentencePieceSplitsOnControlPieces) {
 TEST(SpecialTokenStrings, SentencePieceUsesAddedTokensDecoder) {
   const fs::path dir = test::temp_dir("spm_added");
   fs::copy_file(stories_dir() / "tokenizer.model", dir / "tokenizer.model");
-  write_all(dir / "tokenizer_config.json", R"({
+  write_file_atomic(dir / "tokenizer_config.json", R"({
     "eos_token": "<|im_end|>",
     "added_tokens_decoder": {"512": {"content": "<|im_end|>", "special": true, "rstrip": true},
                              "513": {"content": "<|im_start|>", "special": true}}})");
@@ -565,73 +522,57 @@ TEST(SpecialTokenStrings, SentencePieceUsesAddedTokensDecoder) {
 // ---------------------------------------------------------------------------------------------------------
 // swiftcpp tokenize
 
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
 TEST(TokenizeCli, EncodeDecodeTextAndFiles) {
   SWIFTCPP_REQUIRE_SHARED(kGpt2Dir / "tokenizer.json");
   const std::string tok = "tokenize --tokenizer " + kGpt2Dir.string();
-  CliRun r = run_cli(tok + " --text 'Hello world'");
+  test::CliRun r = test::run_cli(tok + " --text 'Hello world'");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "15496 995\n");
-  r = run_cli(tok + " --decode --text '15496, 995'");
+  r = test::run_cli(tok + " --decode --text '15496, 995'");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "Hello world\n");
-  r = run_cli(tok + " --text 'Hi<|endoftext|>'");
+  r = test::run_cli(tok + " --text 'Hi<|endoftext|>'");
   EXPECT_EQ(r.out, "17250 50256\n");
-  r = run_cli(tok + " --no-special --text '<|endoftext|>'");
+  r = test::run_cli(tok + " --no-special --text '<|endoftext|>'");
   EXPECT_EQ(r.out.find("50256"), std::string::npos) << r.out;
-  r = run_cli(tok + " --decode --text '17250 50256'");
+  r = test::run_cli(tok + " --decode --text '17250 50256'");
   EXPECT_EQ(r.out, "Hi<|endoftext|>\n");
-  r = run_cli(tok + " --decode --no-special --text '17250 50256'");
+  r = test::run_cli(tok + " --decode --no-special --text '17250 50256'");
   EXPECT_EQ(r.out, "Hi\n");
 
   const fs::path dir = test::temp_dir("cli_tokenize");
-  write_all(dir / "in.txt", "Hello world\n\n Hello World!\n");
-  r = run_cli(tok + " --file " + (dir / "in.txt").string());
+  write_file_atomic(dir / "in.txt", "Hello world\n\n Hello World!\n");
+  r = test::run_cli(tok + " --file " + (dir / "in.txt").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "15496 995\n\n18435 2159 0\n");
-  write_all(dir / "ids.txt", "15496 995\n18435 2159 0\n");
-  r = run_cli(tok + " --decode --file " + (dir / "ids.txt").string());
+  write_file_atomic(dir / "ids.txt", "15496 995\n18435 2159 0\n");
+  r = test::run_cli(tok + " --decode --file " + (dir / "ids.txt").string());
   EXPECT_EQ(r.out, "Hello world\n Hello World!\n");
 
   // sentencepiece: BOS is added by default.
-  r = run_cli("tokenize --tokenizer " + stories_dir().string() + " --text 'Once upon a time'");
+  r = test::run_cli("tokenize --tokenizer " + stories_dir().string() + " --text 'Once upon a time'");
   EXPECT_EQ(r.out, "1 403 407 261 378\n");
 }
 
 TEST(TokenizeCli, BadInputsGiveClearErrorsAndExitCodes) {
   SWIFTCPP_REQUIRE_SHARED(kGpt2Dir / "tokenizer.json");
   const std::string tok = "tokenize --tokenizer " + kGpt2Dir.string();
-  CliRun r = run_cli(tok);
+  test::CliRun r = test::run_cli(tok);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--text"), std::string::npos) << r.out;
-  r = run_cli(tok + " --decode --text 'abc'");
+  r = test::run_cli(tok + " --decode --text 'abc'");
   EXPECT_EQ(r.code, 2) << r.out;
-  r = run_cli(tok + " --decode --text '99999999'");
+  r = test::run_cli(tok + " --decode --text '99999999'");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("outside"), std::string::npos) << r.out;
   const fs::path dir = test::temp_dir("cli_tokenize_bad");
-  write_all(dir / "ids.txt", "1 2\n3 x\n");
-  r = run_cli(tok + " --decode --file " + (dir / "ids.txt").string());
+  write_file_atomic(dir / "ids.txt", "1 2\n3 x\n");
+  r = test::run_cli(tok + " --decode --file " + (dir / "ids.txt").string());
   EXPECT_EQ(r.code, 4) << r.out;
   EXPECT_NE(r.out.find("ids.txt:2"), std::string::npos) << r.out;
-  r = run_cli(tok + " --file " + (dir / "missing.txt").string());
+  r = test::run_cli(tok + " --file " + (dir / "missing.txt").string());
   EXPECT_EQ(r.code, 3) << r.out;
-  r = run_cli("tokenize --tokenizer " + (dir / "nowhere").string() + " --text hi");
+  r = test::run_cli("tokenize --tokenizer " + (dir / "nowhere").string() + " --text hi");
   EXPECT_EQ(r.code, 3) << r.out;
 }
 

@@ -25,18 +25,6 @@ using nlohmann::json;
 fs::path fixtures_dir() { return test::source_dir() / "tests" / "data" / "chat_templates"; }
 fs::path shared_templates() { return test::assets() / "chat_templates"; }
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void write_all(const fs::path& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-}
-
 std::vector<ChatMessage> to_messages(const json& list) {
   std::vector<ChatMessage> messages;
   for (const json& m : list) {
@@ -77,7 +65,7 @@ std::string thrown_config_error(const std::function<void()>& fn) {
   return "";
 }
 
-json load_fixtures() { return json::parse(read_all(fixtures_dir() / "fixtures.json")); }
+json load_fixtures() { return json::parse(read_text_file(fixtures_dir() / "fixtures.json")); }
 
 TEST(ChatTemplate, FixturesCoverEveryTemplate) {
   const json fixtures = load_fixtures();
@@ -257,7 +245,7 @@ TEST(ChatTemplate, TrimLeavesMalformedUtf8Alone) {
 
 fs::path folder_with_config(const std::string& name, const json& config) {
   const fs::path dir = test::temp_dir("chat_template_" + name);
-  write_all(dir / "tokenizer_config.json", config.dump(2));
+  write_file_atomic(dir / "tokenizer_config.json", config.dump(2));
   return dir;
 }
 
@@ -275,19 +263,19 @@ TEST(ChatTemplateDetect, RealTemplates) {
   for (const auto& [file, expected] : cases) {
     const fs::path path = shared_templates() / file;
     SWIFTCPP_REQUIRE_SHARED(path);
-    EXPECT_EQ(detect_from_template(expected, read_all(path)), expected) << file;
+    EXPECT_EQ(detect_from_template(expected, read_text_file(path)), expected) << file;
   }
 }
 
 TEST(ChatTemplateDetect, FormatFixtures) {
   for (const std::string name : {"chatml", "qwen2", "llama2", "mistral"}) {
-    EXPECT_EQ(detect_from_template(name, read_all(fixtures_dir() / (name + ".jinja"))), name);
+    EXPECT_EQ(detect_from_template(name, read_text_file(fixtures_dir() / (name + ".jinja"))), name);
   }
 }
 
 TEST(ChatTemplateDetect, ListFormUsesTheDefaultEntry) {
-  const std::string chatml = read_all(fixtures_dir() / "chatml.jinja");
-  const std::string mistral = read_all(fixtures_dir() / "mistral.jinja");
+  const std::string chatml = read_text_file(fixtures_dir() / "chatml.jinja");
+  const std::string mistral = read_text_file(fixtures_dir() / "mistral.jinja");
   const json list =
       json::array({{{"name", "tool_use"}, {"template", mistral}}, {{"name", "default"}, {"template", chatml}}});
   EXPECT_EQ(detect_chat_template(folder_with_config("list", {{"chat_template", list}})), "chatml");
@@ -302,10 +290,10 @@ TEST(ChatTemplateDetect, ListFormUsesTheDefaultEntry) {
 }
 
 TEST(ChatTemplateDetect, SeparateTemplateFilesWin) {
-  const fs::path dir = folder_with_config("separate", {{"chat_template", read_all(fixtures_dir() / "mistral.jinja")}});
-  write_all(dir / "chat_template.json", json{{"chat_template", read_all(fixtures_dir() / "llama2.jinja")}}.dump());
+  const fs::path dir = folder_with_config("separate", {{"chat_template", read_text_file(fixtures_dir() / "mistral.jinja")}});
+  write_file_atomic(dir / "chat_template.json", json{{"chat_template", read_text_file(fixtures_dir() / "llama2.jinja")}}.dump());
   EXPECT_EQ(detect_chat_template(dir), "llama2");
-  write_all(dir / "chat_template.jinja", read_all(fixtures_dir() / "qwen2.jinja"));
+  write_file_atomic(dir / "chat_template.jinja", read_text_file(fixtures_dir() / "qwen2.jinja"));
   EXPECT_EQ(detect_chat_template(dir), "qwen2");
 }
 

@@ -29,18 +29,6 @@ using nlohmann::json;
 using test::assets;
 using test::stories_dir;
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void write_all(const fs::path& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-}
-
 // A fresh folder under the system temp folder, removed with its content at the end of the test.
 class TempDir {
  public:
@@ -59,40 +47,6 @@ class TempDir {
  private:
   fs::path path_;
 };
-
-// llama.cpp's tokenizer vectors (tests/test-tokenizer-0): the .inp file holds the texts, each followed by
-// "\n__ggml_vocab_test__\n" (so the file ends with the separator and there is no leading one); the .out file
-// holds one line of space-separated ids per text, without BOS.
-struct GoldenVectors {
-  std::vector<std::string> texts;
-  std::vector<std::vector<int>> ids;
-};
-
-GoldenVectors read_llamacpp_vectors(const fs::path& inp, const fs::path& out) {
-  GoldenVectors vectors;
-  const std::string text = read_all(inp);
-  const std::string separator = "\n__ggml_vocab_test__\n";
-  size_t start = 0;
-  while (start < text.size()) {
-    const size_t end = text.find(separator, start);
-    if (end == std::string::npos) {
-      ADD_FAILURE() << inp << ": trailing text without a separator";
-      break;
-    }
-    vectors.texts.push_back(text.substr(start, end - start));
-    start = end + separator.size();
-  }
-  std::istringstream lines(read_all(out));
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::vector<int> ids;
-    int id = 0;
-    while (fields >> id) ids.push_back(id);
-    vectors.ids.push_back(std::move(ids));
-  }
-  return vectors;
-}
 
 std::string show(const std::vector<int>& ids) {
   std::string s;
@@ -114,7 +68,7 @@ TEST(TokenizerSentencePiece, LlamaCppVectorsMatchExactly) {
   SWIFTCPP_REQUIRE_SHARED(kLlamaSpmInp);
   SWIFTCPP_REQUIRE_SHARED(kLlamaSpmOut);
   SWIFTCPP_REQUIRE_SHARED(kLlama2Model);
-  const GoldenVectors vectors = read_llamacpp_vectors(kLlamaSpmInp, kLlamaSpmOut);
+  const test::GoldenVectors vectors = test::read_llamacpp_vectors(kLlamaSpmInp, kLlamaSpmOut);
   ASSERT_EQ(vectors.texts.size(), 46u) << "the vector file changed";
   ASSERT_EQ(vectors.texts.size(), vectors.ids.size());
   EXPECT_EQ(vectors.texts[2], "") << "the third vector is the empty string";
@@ -134,7 +88,7 @@ TEST(TokenizerSentencePiece, LlamaCppVectorsRoundTrip) {
   SWIFTCPP_REQUIRE_SHARED(kLlamaSpmInp);
   SWIFTCPP_REQUIRE_SHARED(kLlamaSpmOut);
   SWIFTCPP_REQUIRE_SHARED(kLlama2Model);
-  const GoldenVectors vectors = read_llamacpp_vectors(kLlamaSpmInp, kLlamaSpmOut);
+  const test::GoldenVectors vectors = test::read_llamacpp_vectors(kLlamaSpmInp, kLlamaSpmOut);
   const auto tokenizer = SentencePieceTokenizer::load(kLlama2Model);
   for (size_t i = 0; i < vectors.texts.size(); ++i) {
     EXPECT_EQ(tokenizer->decode(vectors.ids[i]), vectors.texts[i]) << "vector " << i;
@@ -163,7 +117,7 @@ TEST(TokenizerSentencePiece, Llama2SpecialIdsAndPieces) {
 
 TEST(TokenizerSentencePiece, Stories260KPiecesMatchHuggingFace) {
   SWIFTCPP_REQUIRE_SHARED(kHfLogits);
-  const json reference = json::parse(read_all(kHfLogits));
+  const json reference = json::parse(read_text_file(kHfLogits));
   const auto tokenizer = SentencePieceTokenizer::load(stories_dir() / "tokenizer.model");
   EXPECT_EQ(tokenizer->vocab_size(), 512);
   for (const char* name : {"once_upon_a_time", "arbitrary12"}) {
@@ -196,8 +150,8 @@ TEST(TokenizerText, Stories260KOnceUponATime) {
 TEST(TokenizerText, Stories260KAlpacaReferenceIds) {
   SWIFTCPP_REQUIRE_SHARED(kHfLogits);
   SWIFTCPP_REQUIRE_SHARED(kAlpaca);
-  const json reference = json::parse(read_all(kHfLogits));
-  const json alpaca = json::parse(read_all(kAlpaca));
+  const json reference = json::parse(read_text_file(kHfLogits));
+  const json alpaca = json::parse(read_text_file(kAlpaca));
   const json& records = reference.at("alpaca_nll").at("records");
   ASSERT_EQ(records.size(), 20u);
   const auto tokenizer = load_tokenizer(stories_dir());
@@ -215,7 +169,7 @@ TEST(TokenizerText, Stories260KAlpacaReferenceIds) {
 
 TEST(TokenizerText, Stories260KGreedyTextDecodes) {
   SWIFTCPP_REQUIRE_SHARED(kHfLogits);
-  const json reference = json::parse(read_all(kHfLogits));
+  const json reference = json::parse(read_text_file(kHfLogits));
   const auto tokenizer = load_tokenizer(stories_dir());
   for (const char* name : {"from_bos", "from_once_upon_a_time"}) {
     const json& run = reference.at("greedy_generate").at(name);
@@ -242,12 +196,12 @@ TEST(TokenizerText, SpecialTokensFollowPrecedence) {
   TempDir dir;
   fs::copy_file(stories_dir() / "tokenizer.model", dir.path() / "tokenizer.model");
   // tokenizer_config names the tokens; generation_config overrides EOS with a list; config.json is lowest.
-  write_all(dir.path() / "tokenizer_config.json", R"({
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({
     "add_bos_token": false, "add_eos_token": true,
     "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
     "eos_token": "</s>", "pad_token": "<unk>", "unk_token": "<unk>"})");
-  write_all(dir.path() / "generation_config.json", R"({"eos_token_id": [2, 403], "do_sample": false})");
-  write_all(dir.path() / "config.json", R"({"bos_token_id": 7, "eos_token_id": 9, "pad_token_id": 11})");
+  write_file_atomic(dir.path() / "generation_config.json", R"({"eos_token_id": [2, 403], "do_sample": false})");
+  write_file_atomic(dir.path() / "config.json", R"({"bos_token_id": 7, "eos_token_id": 9, "pad_token_id": 11})");
   auto tokenizer = load_tokenizer(dir.path());
   EXPECT_EQ(tokenizer->specials().bos, 1);  // tokenizer_config beats config.json
   EXPECT_EQ(tokenizer->specials().eos, (std::vector<int>{2, 403}));
@@ -268,7 +222,7 @@ TEST(TokenizerText, SpecialTokensFollowPrecedence) {
   EXPECT_EQ(tokenizer->encode_with_specials("Once"), (std::vector<int>{7, 403}));
 
   // generation_config.json beats config.json for BOS too.
-  write_all(dir.path() / "generation_config.json", R"({"bos_token_id": 5, "eos_token_id": 6})");
+  write_file_atomic(dir.path() / "generation_config.json", R"({"bos_token_id": 5, "eos_token_id": 6})");
   tokenizer = load_tokenizer(dir.path());
   EXPECT_EQ(tokenizer->specials().bos, 5);
   EXPECT_EQ(tokenizer->specials().eos, std::vector<int>{6});
@@ -286,7 +240,7 @@ TEST(TokenizerText, SpecialTokensFollowPrecedence) {
 TEST(TokenizerText, AddedTokensDecoderResolvesTokenStrings) {
   TempDir dir;
   fs::copy_file(stories_dir() / "tokenizer.model", dir.path() / "tokenizer.model");
-  write_all(dir.path() / "tokenizer_config.json", R"({
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({
     "eos_token": "<|im_end|>",
     "added_tokens_decoder": {"512": {"content": "<|im_end|>", "special": true}}})");
   const auto tokenizer = load_tokenizer(dir.path());
@@ -296,7 +250,7 @@ TEST(TokenizerText, AddedTokensDecoderResolvesTokenStrings) {
 TEST(TokenizerText, BadSpecialTokenConfigIsConfigError) {
   TempDir dir;
   fs::copy_file(stories_dir() / "tokenizer.model", dir.path() / "tokenizer.model");
-  write_all(dir.path() / "tokenizer_config.json", R"({"eos_token": "<|not in vocab|>"})");
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({"eos_token": "<|not in vocab|>"})");
   try {
     load_tokenizer(dir.path());
     FAIL() << "expected ConfigError";
@@ -304,15 +258,15 @@ TEST(TokenizerText, BadSpecialTokenConfigIsConfigError) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("eos_token"), std::string::npos) << e.what();
   }
-  write_all(dir.path() / "tokenizer_config.json", R"({})");
-  write_all(dir.path() / "generation_config.json", R"({"eos_token_id": "two"})");
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({})");
+  write_file_atomic(dir.path() / "generation_config.json", R"({"eos_token_id": "two"})");
   EXPECT_THROW(load_tokenizer(dir.path()), ConfigError);
-  write_all(dir.path() / "generation_config.json", R"({"eos_token_id": [2, -1]})");
+  write_file_atomic(dir.path() / "generation_config.json", R"({"eos_token_id": [2, -1]})");
   EXPECT_THROW(load_tokenizer(dir.path()), ConfigError);
-  write_all(dir.path() / "generation_config.json", R"({"eos_token_id": 2})");
-  write_all(dir.path() / "tokenizer_config.json", R"({"add_bos_token": "yes"})");
+  write_file_atomic(dir.path() / "generation_config.json", R"({"eos_token_id": 2})");
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({"add_bos_token": "yes"})");
   EXPECT_THROW(load_tokenizer(dir.path()), ConfigError);
-  write_all(dir.path() / "tokenizer_config.json", R"({"add_bos_token": true)");
+  write_file_atomic(dir.path() / "tokenizer_config.json", R"({"add_bos_token": true)");
   EXPECT_THROW(load_tokenizer(dir.path()), FormatError);
 }
 
@@ -331,7 +285,7 @@ TEST(TokenizerErrors, MissingFilesAreIoErrors) {
     EXPECT_NE(message.find("tokenizer.model"), std::string::npos) << message;
   }
   // A tokenizer.json that is not a tokenizer is a format error naming it.
-  write_all(dir.path() / "tokenizer.json", "{}");
+  write_file_atomic(dir.path() / "tokenizer.json", "{}");
   try {
     load_tokenizer(dir.path());
     FAIL() << "expected FormatError";
@@ -342,7 +296,7 @@ TEST(TokenizerErrors, MissingFilesAreIoErrors) {
 
 TEST(TokenizerErrors, CorruptModelIsFormatErrorNamingTheFile) {
   TempDir dir;
-  const std::string real = read_all(stories_dir() / "tokenizer.model");
+  const std::string real = read_text_file(stories_dir() / "tokenizer.model");
   std::string random(4096, '\0');
   uint32_t state = 12345;
   for (char& c : random) {
@@ -357,7 +311,7 @@ TEST(TokenizerErrors, CorruptModelIsFormatErrorNamingTheFile) {
   };
   for (const auto& [name, content] : cases) {
     const fs::path path = dir.path() / name;
-    write_all(path, content);
+    write_file_atomic(path, content);
     try {
       SentencePieceTokenizer::load(path);
       ADD_FAILURE() << name << ": expected FormatError";
@@ -366,7 +320,7 @@ TEST(TokenizerErrors, CorruptModelIsFormatErrorNamingTheFile) {
     }
   }
   // load_tokenizer passes the error through.
-  write_all(dir.path() / "tokenizer.model", "garbage");
+  write_file_atomic(dir.path() / "tokenizer.model", "garbage");
   EXPECT_THROW(load_tokenizer(dir.path()), FormatError);
 }
 
