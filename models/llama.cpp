@@ -7,10 +7,7 @@ namespace swiftcpp {
 namespace {
 DecoderConfig parse_llama(const JsonObject& json) {
   DecoderConfig c = parse_llama_family_config(json);
-  const bool attention_bias = json.get_or<bool>("attention_bias", false);
-  c.qkv_bias = attention_bias;
-  c.o_bias = attention_bias;
-  c.mlp_bias = json.get_or<bool>("mlp_bias", false);
+  c.mlp_bias = json.get_or<bool>("mlp_bias", false);  // attention_bias is read by the shared parser
   return c;
 }
 }  // namespace

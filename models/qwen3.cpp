@@ -7,9 +7,6 @@ namespace swiftcpp {
 namespace {
 DecoderConfig parse_qwen3(const JsonObject& json) {
   DecoderConfig c = parse_llama_family_config(json);
-  const bool attention_bias = json.get_or<bool>("attention_bias", false);
-  c.qkv_bias = attention_bias;
-  c.o_bias = attention_bias;
   c.qk_norm = true;
   if (json.get_or<bool>("use_sliding_window", false)) c.sliding_window = json.get_or<int64_t>("sliding_window", 0);
   return c;

@@ -53,6 +53,7 @@ struct InferOptions {
 // checkpoint has one or --template names one, else as raw text.
 struct Prompter {
   std::shared_ptr<const TextTokenizer> tokenizer;
+  const Generator* generator = nullptr;      // raw prompts go through Generator::encode_prompt
   std::shared_ptr<const ChatTemplate> tmpl;  // null: raw text
   std::optional<std::string> system;
 
@@ -69,9 +70,7 @@ struct Prompter {
 
   std::vector<int64_t> ids(const std::string& text) const {
     if (chat()) return ids(std::vector<ChatMessage>{{"user", text, std::nullopt}});
-    const std::vector<int> out = tokenize_rendered(*tokenizer, text);
-    if (out.empty()) fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
-    return std::vector<int64_t>(out.begin(), out.end());
+    return generator->encode_prompt(text);
   }
 };
 
@@ -255,6 +254,7 @@ int run_infer(const InferOptions& o) {
   Generator gen(model, tokenizer);
   Prompter prompter;
   prompter.tokenizer = tokenizer;
+  prompter.generator = &gen;
   const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
   prompter.tmpl = chat_template_for(*tokenizer, template_name);
   if (!o.system.empty()) {

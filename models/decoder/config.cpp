@@ -61,6 +61,9 @@ DecoderConfig parse_llama_family_config(const JsonObject& json) {
   c.rope_theta = json.get_or<double>("rope_theta", 10000.0);
   c.rope_scaling = parse_rope_scaling(json);
   c.tie_word_embeddings = json.get_or<bool>("tie_word_embeddings", false);
+  // Llama's and Qwen3's attention_bias puts biases on q, k, v and o; families may override (Qwen2).
+  c.qkv_bias = json.get_or<bool>("attention_bias", false);
+  c.o_bias = c.qkv_bias;
   c.hidden_act = json.get_or<std::string>("hidden_act", "silu");
   c.bos_token_id = json.find<int64_t>("bos_token_id");
   c.eos_token_ids = parse_token_list(json, "eos_token_id");
