@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
 #include <c10/core/Device.h>
 #include <sys/wait.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +40,27 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// Nested JSON lists of numbers -> a float64 tensor of the same shape.
+inline at::Tensor json_to_tensor(const Json& j) {
+  std::vector<int64_t> shape;
+  const Json* cur = &j;
+  while (cur->is_array()) {
+    shape.push_back(static_cast<int64_t>(cur->size()));
+    if (cur->empty()) break;
+    cur = &(*cur)[0];
+  }
+  std::vector<double> flat;
+  std::function<void(const Json&)> walk = [&](const Json& x) {
+    if (x.is_array()) {
+      for (const auto& e : x) walk(e);
+    } else {
+      flat.push_back(x.get<double>());
+    }
+  };
+  walk(j);
+  return at::tensor(flat, at::kDouble).view(shape);
 }
 
 /// Exit code and combined stdout/stderr of the swiftcpp binary run with `args` (a shell fragment), with an

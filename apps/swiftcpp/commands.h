@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace swiftcpp::app {
 
@@ -23,5 +25,11 @@ CommandRun add_tokenize_command(CLI::App& root, const GlobalOptions& globals);
 
 /// `swiftcpp data inspect`: rendered samples with trained tokens marked, and dataset statistics.
 CommandRun add_data_command(CLI::App& root, const GlobalOptions& globals);
+
+/// `swiftcpp train`: fine-tuning from a recipe; `argv` is recorded in args.json.
+CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);
+
+/// `swiftcpp export`: a Hugging Face checkpoint, optionally with a LoRA adapter merged.
+CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals);
 
 }  // namespace swiftcpp::app

@@ -54,14 +54,6 @@ std::string marked_text(const TextTokenizer& tok, const Sample& s, bool color) {
   return out;
 }
 
-std::string tokenizer_fingerprint(const fs::path& dir) {
-  std::string fp;
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json",
-                           "generation_config.json", "config.json", "chat_template.jinja"}) {
-    if (fs::exists(dir / name)) fp += fmt::format("{}={:016x};", name, hash_file(dir / name));
-  }
-  return fp;
-}
 
 int run_inspect(const DataInspectOptions& o, int threads) {
   const fs::path model_dir = o.model;
@@ -85,7 +77,7 @@ int run_inspect(const DataInspectOptions& o, int threads) {
   data.cache_dir = o.cache_dir;
   data.num_threads = threads;  // swiftcpp --threads N; 0: every usable core
   const std::string fingerprint = fmt::format("{}|template={}|max_length={}|trunc={}|loss={}",
-                                              tokenizer_fingerprint(model_dir), template_name, o.max_length,
+                                              tokenizer_files_fingerprint(model_dir), template_name, o.max_length,
                                               o.truncation, o.loss_scale);
   const TokenizedData result = prepare_data(data, encoder, fingerprint);
   const DataStats& st = result.stats;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "apps/swiftcpp/commands.h"
+#include "peft/lora.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
@@ -47,6 +48,7 @@ struct InferOptions {
   bool echo = false;
   std::string chat_template;  // empty: the checkpoint's; "raw": none
   std::string system;
+  std::string adapters;       // PEFT adapter folder applied on top of the model (not merged)
 };
 
 // How prompts become ids: through the chat template (the same SampleEncoder code training uses) when the
@@ -246,6 +248,13 @@ int run_infer(const InferOptions& o) {
   const fs::path model_dir = o.model;
   const auto t0 = std::chrono::steady_clock::now();
   CausalLM model = load_causal_lm(model_dir, load);
+  if (!o.adapters.empty()) {
+    const LoraConfig adapter = load_adapter(model, o.adapters);
+    model->eval();
+    std::cerr << fmt::format("[adapter {}: r {}, alpha {}{}]", o.adapters, adapter.r, adapter.lora_alpha,
+                             adapter.use_dora ? ", DoRA" : "")
+              << std::endl;
+  }
   auto tokenizer = load_tokenizer(model_dir);
   std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", model_dir.string(),
                            model->config().num_hidden_layers, model->config().hidden_size, o.device, o.dtype,
@@ -320,6 +329,7 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
                   "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, default, raw); default: the "
                   "checkpoint's, raw text when it has none");
   cmd->add_option("--system", o->system, "System prompt (needs a chat template)");
+  cmd->add_option("--adapters", o->adapters, "PEFT LoRA/DoRA adapter folder applied without merging");
   return [o]() { return run_infer(*o); };
 }
 

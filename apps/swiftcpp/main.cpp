@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   commands[root.get_subcommand("tokenize")] = tokenize;
   app::CommandRun data = app::add_data_command(root, globals);
   commands[root.get_subcommand("data")] = data;
+  app::CommandRun train = app::add_train_command(root, globals, std::vector<std::string>(argv, argv + argc));
+  commands[root.get_subcommand("train")] = train;
+  app::CommandRun export_ = app::add_export_command(root, globals);
+  commands[root.get_subcommand("export")] = export_;
 
   try {
     root.parse(argc, argv);
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
   }
   try {
     configure_threads(globals.threads);
+    configure_allocator();
     const std::string warning = blas_warning();
     if (!warning.empty()) std::cerr << "swiftcpp: warning: " << warning << std::endl;
     for (auto& [sub, run] : commands) {

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <sched.h>
 
@@ -20,6 +21,13 @@ int usable_cores() {
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+void configure_allocator() {
+#ifdef M_MMAP_THRESHOLD
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
 }
 
 int configure_threads(int threads) {

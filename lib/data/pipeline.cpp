@@ -329,4 +329,13 @@ TokenizedData prepare_data(const DataOptions& options, const SampleEncoder& enco
   return data;
 }
 
+std::string tokenizer_files_fingerprint(const fs::path& dir) {
+  std::string fp;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json",
+                           "generation_config.json", "config.json", "chat_template.jinja"}) {
+    if (fs::exists(dir / name)) fp += fmt::format("{}={:016x};", name, hash_file(dir / name));
+  }
+  return fp;
+}
+
 }  // namespace swiftcpp

@@ -49,6 +49,9 @@ struct TokenizedData {
 /// instead of preprocessing. Throws IoError / FormatError / ConfigError as the readers do.
 TokenizedData prepare_data(const DataOptions& options, const SampleEncoder& encoder, const std::string& fingerprint);
 
+/// Hashes of the tokenizer and config files of a checkpoint folder, for cache keys and resume checks. Throws IoError.
+std::string tokenizer_files_fingerprint(const fs::path& dir);
+
 /// 64-bit FNV-1a over a file's bytes, streamed. Throws IoError.
 uint64_t hash_file(const fs::path& path, uint64_t seed = 1469598103934665603ULL);
 

@@ -4,12 +4,25 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
 #include <string>
 
 namespace swiftcpp::nn {
 
-/// y = x W^T (+ b). Parameters `weight` [out, in] and optionally `bias` [out], allocated uninitialised: they
-/// are meant to be filled from a checkpoint.
+/// A low-rank adapter on a Linear (LoRA, optionally DoRA). Not registered as module parameters: the base model's
+/// parameter list stays the checkpoint's, and lib/peft names these tensors in the PEFT layout.
+struct LoraWeights {
+  at::Tensor lora_A;     // [r, in]
+  at::Tensor lora_B;     // [out, r]
+  at::Tensor magnitude;  // [out], DoRA only (undefined for plain LoRA)
+  double scale = 1.0;    // alpha / r, or alpha / sqrt(r) with rsLoRA
+  double dropout = 0.0;  // on the adapter's input, in training mode only
+};
+
+/// y = x W^T (+ b), plus scale * B(A(dropout(x))) when a LoRA adapter is attached (PEFT's formula; DoRA
+/// rescales each output row by magnitude / ||W + scale B A||, the norm taken without gradient as PEFT does).
+/// Parameters `weight` [out, in] and optionally `bias` [out], allocated uninitialised: they are meant to be
+/// filled from a checkpoint.
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias);
@@ -18,6 +31,7 @@ class LinearImpl : public torch::nn::Module {
 
   at::Tensor weight;
   at::Tensor bias;  // undefined when the layer has none
+  std::shared_ptr<LoraWeights> lora;  // null: a plain linear layer
 };
 TORCH_MODULE(Linear);
 

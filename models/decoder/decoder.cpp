@@ -1,6 +1,8 @@
 #include "models/decoder/decoder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 #include <torch/cuda.h>
 
 #include <set>
@@ -60,6 +62,7 @@ MLPImpl::MLPImpl(const DecoderConfig& c) {
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   at::Tensor gate = gate_proj(x);
+  if (at::GradMode::is_enabled()) return down_proj(at::silu(gate) * up_proj(x));  // autograd keeps inputs
   at::silu_(gate);
   return down_proj(gate.mul_(up_proj(x)));
 }
@@ -84,6 +87,60 @@ DecoderBodyImpl::DecoderBodyImpl(const DecoderConfig& c) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
   norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
+
+namespace {
+
+// One decoder layer call whose activations are not kept: forward runs without autograd, backward runs the layer
+// again with autograd (same autocast and CPU random state as the first time) and back-propagates through that.
+struct LayerCall {
+  DecoderLayerImpl* layer;
+  at::Tensor cos, sin, mask;
+  int64_t index;
+  at::Tensor cpu_rng_state;
+  bool autocast_cpu, autocast_gpu;
+  at::ScalarType autocast_cpu_dtype, autocast_gpu_dtype;
+};
+
+class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                int64_t call_address) {
+    auto* call = reinterpret_cast<LayerCall*>(call_address);
+    ctx->saved_data["call"] = call_address;
+    ctx->save_for_backward({x});
+    return {call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, call->index)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* call = reinterpret_cast<LayerCall*>(ctx->saved_data["call"].toInt());
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng_now = generator.get_state();
+    const bool cpu_now = at::autocast::is_cpu_enabled(), gpu_now = at::autocast::is_enabled();
+    const auto cpu_dtype_now = at::autocast::get_autocast_cpu_dtype();
+    const auto gpu_dtype_now = at::autocast::get_autocast_gpu_dtype();
+    generator.set_state(call->cpu_rng_state);
+    at::autocast::set_cpu_enabled(call->autocast_cpu);
+    at::autocast::set_enabled(call->autocast_gpu);
+    at::autocast::set_autocast_cpu_dtype(call->autocast_cpu_dtype);
+    at::autocast::set_autocast_gpu_dtype(call->autocast_gpu_dtype);
+    at::Tensor out;
+    {
+      at::AutoGradMode grad(true);
+      out = call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, call->index);
+    }
+    at::autocast::set_cpu_enabled(cpu_now);
+    at::autocast::set_enabled(gpu_now);
+    at::autocast::set_autocast_cpu_dtype(cpu_dtype_now);
+    at::autocast::set_autocast_gpu_dtype(gpu_dtype_now);
+    generator.set_state(rng_now);
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 CausalLMImpl::CausalLMImpl(DecoderConfig config)
     : config_(std::move(config)),
@@ -115,8 +172,26 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
   const at::Tensor mask =
       nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
+  const bool checkpointing = gradient_checkpointing_ && is_training() && at::GradMode::is_enabled() &&
+                             options.cache == nullptr;
+  if (checkpointing) {
+    checkpoint_calls_.clear();  // the previous step's backward has run
+    // The recomputed layers need an input that requires grad, or nothing upstream of them would get gradients.
+    if (!h.requires_grad()) h = h.detach().requires_grad_(true);
+  }
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    h = model->layers[i]->as<DecoderLayer>()->forward(h, cos, sin, mask, options.cache, i);
+    auto* layer = model->layers[i]->as<DecoderLayer>();
+    if (!checkpointing) {
+      h = layer->forward(h, cos, sin, mask, options.cache, i);
+      continue;
+    }
+    auto call = std::make_shared<LayerCall>(LayerCall{layer, cos, sin, mask, i,
+                                                      at::detail::getDefaultCPUGenerator().get_state(),
+                                                      at::autocast::is_cpu_enabled(), at::autocast::is_enabled(),
+                                                      at::autocast::get_autocast_cpu_dtype(),
+                                                      at::autocast::get_autocast_gpu_dtype()});
+    h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(call.get()))[0];
+    checkpoint_calls_.push_back(call);
   }
   if (options.cache != nullptr) options.cache->length = past + T;
   if (options.last_token_only) h = h.narrow(1, T - 1, 1);

@@ -94,11 +94,18 @@ class CausalLMImpl : public torch::nn::Module {
   at::Device device() const;
   at::ScalarType dtype() const;
 
+  /// Training memory for compute: in training mode with autograd on, each layer's activations are dropped after
+  /// its forward and recomputed in backward.
+  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
   DecoderBody model{nullptr};
   nn::Linear lm_head{nullptr};  // null when tied
 
  private:
   DecoderConfig config_;
+  bool gradient_checkpointing_ = false;
+  std::vector<std::shared_ptr<void>> checkpoint_calls_;  // alive until the next checkpointed forward
   nn::RotaryEmbedding rotary_;
 };
 TORCH_MODULE(CausalLM);

@@ -12,31 +12,12 @@ namespace swiftcpp {
 namespace {
 
 using test::assets;
+using test::json_to_tensor;
 using test::stories_dir;
 
 // float32: the reference was computed in float32 by HF on PyTorch; only summation order differs.
 constexpr double kF32Tol = 1e-4;
 
-at::Tensor json_to_tensor(const Json& j) {
-  // Nested lists of numbers -> float64 tensor of the same shape.
-  std::vector<int64_t> shape;
-  const Json* cur = &j;
-  while (cur->is_array()) {
-    shape.push_back(static_cast<int64_t>(cur->size()));
-    if (cur->empty()) break;
-    cur = &(*cur)[0];
-  }
-  std::vector<double> flat;
-  std::function<void(const Json&)> walk = [&](const Json& x) {
-    if (x.is_array()) {
-      for (const auto& e : x) walk(e);
-    } else {
-      flat.push_back(x.get<double>());
-    }
-  };
-  walk(j);
-  return at::tensor(flat, at::kDouble).view(shape);
-}
 
 at::Tensor ids_tensor(const Json& ids) {
   std::vector<int64_t> flat;

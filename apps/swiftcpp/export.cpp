@@ -1,0 +1,106 @@
+// `swiftcpp export`: a model (optionally with a LoRA/DoRA adapter merged in) written as a Hugging Face checkpoint.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "apps/swiftcpp/commands.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "io/safetensors.h"
+#include "peft/lora.h"
+
+namespace swiftcpp::app {
+
+namespace {
+
+struct ExportOptions {
+  std::string model;
+  std::string adapters;
+  bool merge_lora = false;
+  std::string output;
+  std::string dtype = "float32";
+  bool overwrite = false;
+};
+
+std::string hf_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+int run_export(const ExportOptions& o) {
+  if (!o.adapters.empty() && !o.merge_lora) {
+    fail<ConfigError>("--adapters needs --merge-lora (the adapter folder itself is already in the PEFT layout)");
+  }
+  if (o.merge_lora && o.adapters.empty()) fail<ConfigError>("--merge-lora needs --adapters DIR");
+  const fs::path out_dir = o.output;
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !o.overwrite) {
+    fail<ConfigError>("--output {} exists and is not empty (pass --overwrite to replace it)", out_dir.string());
+  }
+  const at::ScalarType dtype = parse_dtype(o.dtype);
+  // Merge in float32 (merge_lora itself works in float64), then convert.
+  LoadOptions load;
+  load.dtype = at::kFloat;
+  CausalLM model = load_causal_lm(o.model, load);
+  if (!o.adapters.empty()) {
+    const LoraConfig adapter = load_adapter(model, o.adapters);
+    merge_lora(model);
+    std::cerr << fmt::format("merged {} (r {}, alpha {}{}) into {}\n", o.adapters, adapter.r, adapter.lora_alpha,
+                             adapter.use_dora ? ", DoRA" : "", o.model);
+  }
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", out_dir.filename().string(), getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
+  try {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& item : model->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach().to(dtype));
+    save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                             "added_tokens.json", "LICENSE"}) {
+      if (fs::exists(fs::path(o.model) / name)) fs::copy_file(fs::path(o.model) / name, tmp / name);
+    }
+    Json config = load_json_file(fs::path(o.model) / "config.json");
+    config["torch_dtype"] = hf_dtype_name(dtype);
+    write_file_atomic(tmp / "config.json", config.dump(2) + "\n");
+    if (fs::exists(out_dir)) {
+      const fs::path old = parent / fmt::format(".{}.old-{}", out_dir.filename().string(), getpid());
+      fs::rename(out_dir, old);
+      fs::rename(tmp, out_dir);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(tmp, out_dir);
+    }
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    fail<IoError>("cannot write {}: {}", out_dir.string(), e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  std::cerr << fmt::format("wrote {} ({} tensors, {})\n", out_dir.string(), model->named_parameters(true).size(),
+                           hf_dtype_name(dtype));
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals) {
+  auto o = std::make_shared<ExportOptions>();
+  CLI::App* cmd = root.add_subcommand("export", "Write a Hugging Face checkpoint, optionally merging a LoRA adapter");
+  cmd->add_option("--model", o->model, "Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--adapters", o->adapters, "PEFT adapter folder to merge")->check(CLI::ExistingDirectory);
+  cmd->add_flag("--merge-lora", o->merge_lora, "Fold the adapter into the base weights");
+  cmd->add_option("--output", o->output, "Folder to write (config.json, model.safetensors, tokenizer files)")->required();
+  cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();
+  cmd->add_flag("--overwrite", o->overwrite, "Replace a non-empty --output folder");
+  return [o]() { return run_export(*o); };
+}
+
+}  // namespace swiftcpp::app

@@ -1,0 +1,83 @@
+// `swiftcpp train --recipe R.yaml [key=value ...]`: supervised fine-tuning (full, LoRA, DoRA) with checkpoints,
+// exact resume and a clean stop on SIGINT/SIGTERM.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+
+#include "apps/swiftcpp/commands.h"
+#include "core/progress.h"
+#include "train/trainer.h"
+
+namespace swiftcpp::app {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
+
+extern "C" void on_stop_signal(int signal) {
+  if (g_stop.exchange(true)) {
+    std::signal(signal, SIG_DFL);  // a second signal: stop now
+    std::raise(signal);
+    return;
+  }
+  g_signal = signal;
+  const char msg[] = "\nswiftcpp: stopping after this step (checkpoint will be saved; signal again to abort)\n";
+  [[maybe_unused]] auto n = write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+struct TrainOptions {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  bool list_keys = false;
+};
+
+int run_train(const TrainOptions& o, const std::vector<std::string>& command_line) {
+  if (o.list_keys) {
+    std::cout << "recipe keys (YAML recipe or key=value):\n" << train_config_schema().help();
+    return 0;
+  }
+  for (const auto& ov : o.overrides) {
+    if (ov.find('=') == std::string::npos) {
+      fail<ConfigError>("argument '{}': expected key=value (run 'swiftcpp train --list-keys' for the keys)", ov);
+    }
+  }
+  const TrainConfig config = load_train_config(o.recipe, o.overrides);
+  if (o.print_config) {
+    std::cout << train_config_schema().dump(config).dump(2) << std::endl;
+    return 0;
+  }
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  TrainHooks hooks;
+  hooks.out = &std::cerr;
+  hooks.tty = stream_is_tty(stderr);
+  hooks.columns = terminal_columns(stderr);
+  hooks.stop = &g_stop;
+  hooks.command_line = command_line;
+  const TrainResult result = run_training(config, hooks);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  std::cout << result.last_checkpoint.string() << std::endl;
+  if (result.interrupted) return 128 + g_signal.load();
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* cmd = root.add_subcommand("train", "Fine-tune a model (full, LoRA or DoRA) from a YAML recipe");
+  cmd->add_option("--recipe", o->recipe, "YAML recipe (see recipes/ and docs/recipes.md)")->check(CLI::ExistingFile);
+  cmd->add_option("overrides", o->overrides, "key=value overrides applied after the recipe (e.g. max_steps=10)");
+  cmd->add_flag("--print-config", o->print_config, "Print the resolved configuration as JSON and exit");
+  cmd->add_flag("--list-keys", o->list_keys, "List every recipe key with its type, default and meaning");
+  cmd->footer("Stops cleanly on Ctrl-C / SIGTERM after the current step with a checkpoint (exit 130 / 143);\n"
+              "resume with resume_from_checkpoint=latest. Prints the last checkpoint folder on stdout.");
+  return [o, argv]() { return run_train(*o, argv); };
+}
+
+}  // namespace swiftcpp::app

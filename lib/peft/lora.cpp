@@ -1,0 +1,367 @@
+#include "peft/lora.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "io/safetensors.h"
+
+namespace swiftcpp {
+
+namespace {
+
+const std::string kPrefix = "base_model.model.";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool path_matches(const std::string& path, const std::string& target) {
+  return path == target || ends_with(path, "." + target);
+}
+
+// Every linear layer of the model by path, in registration order.
+std::vector<std::pair<std::string, nn::LinearImpl*>> linear_layers(CausalLM& model) {
+  std::vector<std::pair<std::string, nn::LinearImpl*>> out;
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    if (auto* linear = dynamic_cast<nn::LinearImpl*>(item.value().get())) out.emplace_back(item.key(), linear);
+  }
+  return out;
+}
+
+nn::LinearImpl* linear_at(CausalLM& model, const std::string& path) {
+  for (auto& [p, linear] : linear_layers(model)) {
+    if (p == path) return linear;
+  }
+  return nullptr;
+}
+
+// Modules (any kind) whose path matches a modules_to_save entry.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> saved_modules(
+    CausalLM& model, const std::vector<std::string>& names) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (const auto& name : names) {
+    bool found = false;
+    for (const auto& item : model->named_modules("", false)) {
+      if (path_matches(item.key(), name)) {
+        out.emplace_back(item.key(), item.value());
+        found = true;
+      }
+    }
+    if (!found) {
+      if (name == "lm_head" && model->config().tie_word_embeddings) {
+        fail<ConfigError>("modules_to_save: this model ties lm_head to model.embed_tokens; save 'embed_tokens'");
+      }
+      fail<ConfigError>("modules_to_save: no module named '{}' in the {} model", name, model->config().model_type);
+    }
+  }
+  return out;
+}
+
+void freeze_base(CausalLM& model) {
+  for (auto& p : model->parameters(true)) p.requires_grad_(false);
+}
+
+// Trainable copies of modules_to_save, so the base weights stay as loaded.
+void unfreeze_saved(CausalLM& model, const std::vector<std::string>& names) {
+  at::NoGradGuard no_grad;
+  for (auto& [path, module] : saved_modules(model, names)) {
+    for (auto& p : module->parameters(false)) {
+      p.set_data(p.detach().clone());
+      p.requires_grad_(true);
+    }
+  }
+}
+
+std::string list(const std::vector<std::string>& names, size_t limit = 8) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
+  return out;
+}
+
+}  // namespace
+
+double LoraConfig::scale() const { return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / r; }
+
+std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<std::string>& targets) {
+  const auto layers = linear_layers(model);
+  std::vector<std::string> paths;
+  std::set<std::string> chosen;
+  for (const auto& target : targets) {
+    bool found = false;
+    for (const auto& [path, linear] : layers) {
+      const bool hit = target == "all-linear" ? path != "lm_head" : path_matches(path, target);
+      if (hit) {
+        found = true;
+        chosen.insert(path);
+      }
+    }
+    if (!found) {
+      std::set<std::string> names;
+      for (const auto& [path, linear] : layers) names.insert(path.substr(path.rfind('.') + 1));
+      fail<ConfigError>("target_modules: '{}' matches no linear layer of the {} model (it has: {}, or all-linear)",
+                        target, model->config().model_type, fmt::join(names, ", "));
+    }
+  }
+  for (const auto& [path, linear] : layers) {
+    if (chosen.count(path)) paths.push_back(path);
+  }
+  return paths;
+}
+
+void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
+  if (config.r < 1) fail<ConfigError>("lora_rank must be at least 1, got {}", config.r);
+  const auto paths = lora_target_paths(model, config.target_modules);
+  freeze_base(model);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (const auto& path : paths) {
+    nn::LinearImpl* linear = linear_at(model, path);
+    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    auto lora = std::make_shared<nn::LoraWeights>();
+    // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + 5) * fan_in)) = 1 / sqrt(fan_in).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    const auto options = linear->weight.options();
+    lora->lora_A = at::empty({config.r, in}, at::kFloat).uniform_(-bound, bound, generator).to(options);
+    lora->lora_B = at::zeros({out, config.r}, options);
+    if (config.use_dora) lora->magnitude = linear->weight.to(at::kFloat).norm(2, {1}).to(options);
+    lora->scale = config.scale();
+    lora->dropout = config.lora_dropout;
+    for (at::Tensor* t : {&lora->lora_A, &lora->lora_B, &lora->magnitude}) {
+      if (t->defined()) t->requires_grad_(true);
+    }
+    linear->lora = lora;
+  }
+  unfreeze_saved(model, config.modules_to_save);
+}
+
+std::vector<TrainableTensor> adapter_tensors(CausalLM& model, const LoraConfig& config) {
+  std::vector<TrainableTensor> out;
+  for (auto& [path, linear] : linear_layers(model)) {
+    if (!linear->lora) continue;
+    out.push_back({kPrefix + path + ".lora_A.weight", linear->lora->lora_A, true});
+    out.push_back({kPrefix + path + ".lora_B.weight", linear->lora->lora_B, true});
+    if (linear->lora->magnitude.defined()) {
+      out.push_back({kPrefix + path + ".lora_magnitude_vector", linear->lora->magnitude, false});
+    }
+  }
+  for (auto& [path, module] : saved_modules(model, config.modules_to_save)) {
+    for (const auto& p : module->named_parameters(false)) {
+      out.push_back({kPrefix + path + "." + p.key(), p.value(), p.value().dim() >= 2});
+    }
+  }
+  return out;
+}
+
+Json adapter_config_json(const LoraConfig& c) {
+  Json j = Json::object();
+  j["alpha_pattern"] = Json::object();
+  j["auto_mapping"] = nullptr;
+  j["base_model_name_or_path"] = c.base_model_name_or_path;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["layer_replication"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["loftq_config"] = Json::object();
+  j["lora_alpha"] = c.lora_alpha;
+  j["lora_dropout"] = c.lora_dropout;
+  j["megatron_config"] = nullptr;
+  j["megatron_core"] = "megatron.core";
+  j["modules_to_save"] = c.modules_to_save.empty() ? Json(nullptr) : Json(c.modules_to_save);
+  j["peft_type"] = "LORA";
+  j["r"] = c.r;
+  j["rank_pattern"] = Json::object();
+  j["revision"] = nullptr;
+  std::vector<std::string> targets = c.target_modules;
+  std::sort(targets.begin(), targets.end());
+  if (targets.size() == 1 && targets[0] == "all-linear") j["target_modules"] = "all-linear";
+  else j["target_modules"] = targets;
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = c.use_dora;
+  j["use_rslora"] = c.use_rslora;
+  return j;
+}
+
+void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail<IoError>("cannot create adapter folder {}: {}", dir.string(), ec.message());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& t : adapter_tensors(model, config)) {
+    const at::Tensor v = t.tensor.detach();
+    tensors.emplace_back(t.name, v.scalar_type() == at::kDouble ? v : v.to(at::kFloat));
+  }
+  save_safetensors(dir / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  write_file_atomic(dir / "adapter_config.json", adapter_config_json(config).dump(2) + "\n");
+}
+
+LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
+  const fs::path config_path = dir / "adapter_config.json";
+  const fs::path weights_path = dir / "adapter_model.safetensors";
+  if (!fs::is_directory(dir)) fail<IoError>("adapter folder {} does not exist", dir.string());
+  if (!fs::exists(weights_path)) {
+    fail<IoError>("{}: no adapter_model.safetensors (PEFT adapters are read from safetensors; convert a .bin "
+                  "adapter with peft first)", dir.string());
+  }
+  const JsonObject j = JsonObject::load(config_path);
+  const std::string origin = config_path.string();
+  const std::string peft_type = j.get_or<std::string>("peft_type", "LORA");
+  if (peft_type != "LORA") fail<ConfigError>("{}: peft_type '{}' is not supported (expected LORA)", origin, peft_type);
+  LoraConfig c;
+  c.r = j.get<int64_t>("r");
+  c.lora_alpha = j.get<double>("lora_alpha");
+  c.lora_dropout = j.get_or<double>("lora_dropout", 0.0);
+  c.use_rslora = j.get_or<bool>("use_rslora", false);
+  c.use_dora = j.get_or<bool>("use_dora", false);
+  c.base_model_name_or_path = j.get_or<std::string>("base_model_name_or_path", "");
+  const std::string bias = j.get_or<std::string>("bias", "none");
+  if (bias != "none") fail<ConfigError>("{}: bias '{}' is not supported (expected none)", origin, bias);
+  if (j.get_or<bool>("fan_in_fan_out", false)) fail<ConfigError>("{}: fan_in_fan_out adapters are not supported", origin);
+  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
+    if (j.has(key) && !j.raw()[key].empty()) fail<ConfigError>("{}: '{}' is not supported (one rank and alpha for every layer)", origin, key);
+  }
+  if (j.has("layers_to_transform")) fail<ConfigError>("{}: 'layers_to_transform' is not supported", origin);
+  const Json& tm = j.raw().value("target_modules", Json());
+  std::string target_regex;
+  c.target_modules.clear();
+  if (tm.is_string()) {
+    if (tm.get<std::string>() == "all-linear") c.target_modules = {"all-linear"};
+    else target_regex = tm.get<std::string>();
+  } else if (tm.is_array()) {
+    for (const auto& t : tm) {
+      if (!t.is_string()) fail<ConfigError>("{}: target_modules must hold strings", origin);
+      c.target_modules.push_back(t.get<std::string>());
+    }
+  } else {
+    fail<ConfigError>("{}: target_modules must be a list of module names or a string", origin);
+  }
+  if (j.has("modules_to_save")) {
+    const Json& ms = j.raw()["modules_to_save"];
+    if (!ms.is_array()) fail<ConfigError>("{}: modules_to_save must be a list or null", origin);
+    for (const auto& m : ms) c.modules_to_save.push_back(m.get<std::string>());
+  }
+  if (c.r < 1) fail<ConfigError>("{}: r must be at least 1, got {}", origin, c.r);
+
+  // Which linear layers the config selects.
+  std::vector<std::string> paths;
+  if (!target_regex.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(target_regex);
+    } catch (const std::regex_error& e) {
+      fail<ConfigError>("{}: target_modules regex '{}' is invalid: {}", origin, target_regex, e.what());
+    }
+    for (const auto& [path, linear] : linear_layers(model)) {
+      if (std::regex_match(path, re)) paths.push_back(path);
+    }
+    c.target_modules = {target_regex};
+  } else {
+    try {
+      paths = lora_target_paths(model, c.target_modules);
+    } catch (const ConfigError& e) {
+      fail<ModelError>("{}: adapter does not fit this model: {}", origin, e.what());
+    }
+  }
+
+  const Checkpoint file = Checkpoint::open(weights_path);
+  // Canonical names: PEFT writes no adapter name, but some tools keep ".default"; modules_to_save may be stored
+  // with ".modules_to_save".
+  std::map<std::string, std::string> canonical;  // canonical -> name in file
+  for (const auto& name : file.names()) {
+    std::string n = name;
+    for (const std::string infix : {".default", ".modules_to_save"}) {
+      for (size_t at = n.find(infix + "."); at != std::string::npos; at = n.find(infix + ".")) n.erase(at, infix.size());
+    }
+    if (ends_with(n, ".lora_magnitude_vector.weight")) n.resize(n.size() - std::string(".weight").size());
+    canonical[n] = name;
+  }
+  freeze_base(model);
+  unfreeze_saved(model, c.modules_to_save);
+  std::vector<std::string> missing, misshaped;
+  std::set<std::string> used;
+  const at::TensorOptions options = model->model->embed_tokens->weight.options().requires_grad(false);
+  auto take = [&](const std::string& key, const std::vector<int64_t>& shape) -> at::Tensor {
+    auto it = canonical.find(key);
+    if (it == canonical.end()) {
+      missing.push_back(key);
+      return {};
+    }
+    used.insert(key);
+    const at::Tensor t = file.tensor(it->second);
+    if (t.sizes().vec() != shape) {
+      misshaped.push_back(fmt::format("{} (file {}, expected {})", it->second, fmt::join(t.sizes(), "x"), fmt::join(shape, "x")));
+      return {};
+    }
+    return t.to(options.device(), options.dtype().toScalarType()).clone();
+  };
+  std::vector<std::pair<nn::LinearImpl*, std::shared_ptr<nn::LoraWeights>>> attached;
+  for (const auto& path : paths) {
+    nn::LinearImpl* linear = linear_at(model, path);
+    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    auto lora = std::make_shared<nn::LoraWeights>();
+    lora->lora_A = take(kPrefix + path + ".lora_A.weight", {c.r, in});
+    lora->lora_B = take(kPrefix + path + ".lora_B.weight", {out, c.r});
+    if (c.use_dora) lora->magnitude = take(kPrefix + path + ".lora_magnitude_vector", {out});
+    lora->scale = c.scale();
+    lora->dropout = c.lora_dropout;
+    attached.emplace_back(linear, lora);
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_values;
+  for (auto& [path, module] : saved_modules(model, c.modules_to_save)) {
+    for (const auto& p : module->named_parameters(false)) {
+      const at::Tensor v = take(kPrefix + path + "." + p.key(), p.value().sizes().vec());
+      if (v.defined()) saved_values.emplace_back(p.value(), v);
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [key, name] : canonical) {
+    if (!used.count(key)) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
+    std::string msg = fmt::format("{}: adapter does not fit the {} model ({} layers, hidden {}; adapter r {}, targets {})",
+                                  weights_path.string(), model->config().model_type, model->config().num_hidden_layers,
+                                  model->config().hidden_size, c.r, fmt::join(c.target_modules, ","));
+    if (!missing.empty()) msg += "\n  missing: " + list(missing);
+    if (!misshaped.empty()) msg += "\n  wrong shape: " + list(misshaped);
+    if (!unexpected.empty()) msg += "\n  unexpected: " + list(unexpected);
+    throw ModelError(msg);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [linear, lora] : attached) {
+    for (at::Tensor* t : {&lora->lora_A, &lora->lora_B, &lora->magnitude}) {
+      if (t->defined()) t->requires_grad_(true);
+    }
+    linear->lora = lora;
+  }
+  for (auto& [param, value] : saved_values) param.set_data(value);
+  return c;
+}
+
+void merge_lora(CausalLM& model) {
+  at::NoGradGuard no_grad;
+  for (auto& [path, linear] : linear_layers(model)) {
+    if (!linear->lora) continue;
+    const nn::LoraWeights& a = *linear->lora;
+    const at::Tensor w = linear->weight.to(at::kDouble);
+    at::Tensor merged = w + a.scale * at::mm(a.lora_B.to(at::kDouble), a.lora_A.to(at::kDouble));  // [out, in]
+    if (a.magnitude.defined()) {
+      const at::Tensor norm = merged.norm(2, {1}, /*keepdim=*/true);  // [out, 1]
+      merged = merged * (a.magnitude.to(at::kDouble).unsqueeze(1) / norm);
+    }
+    linear->weight.set_data(merged.to(linear->weight.options()).contiguous());
+    linear->lora.reset();
+  }
+}
+
+}  // namespace swiftcpp

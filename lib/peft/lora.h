@@ -1,0 +1,71 @@
+// LoRA / DoRA adapters on the shared decoder: configuration, injection, the trainable tensors, merging, and
+// saving and loading in the PEFT layout so that adapters move freely between swiftcpp and the Python ecosystem.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/fs.h"
+#include "core/json.h"
+#include "models/decoder/decoder.h"
+
+namespace swiftcpp {
+
+/// PEFT's LoraConfig, the fields that matter here (adapter_config.json keys).
+struct LoraConfig {
+  int64_t r = 8;
+  double lora_alpha = 16;
+  double lora_dropout = 0.0;
+  std::vector<std::string> target_modules = {"all-linear"};  // module names (q_proj, ...) or "all-linear"
+  bool use_rslora = false;
+  bool use_dora = false;
+  std::vector<std::string> modules_to_save;  // whole modules trained and saved with the adapter (lm_head, ...)
+  std::string base_model_name_or_path;
+
+  /// alpha / r, or alpha / sqrt(r) with rsLoRA.
+  double scale() const;
+};
+
+/// A tensor the optimizer updates, with its PEFT (adapter) or Hugging Face (full model) name.
+struct TrainableTensor {
+  std::string name;
+  at::Tensor tensor;
+  bool decay = true;  // weight decay applies (not to norms and biases)
+};
+
+/// The module paths ("model.layers.0.self_attn.q_proj") a config's target_modules select: a path matches a target
+/// when it ends with ".<target>" or equals it; "all-linear" selects every linear layer except lm_head. Throws
+/// ConfigError naming a target that matches nothing, with the linear-layer names the model has.
+std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<std::string>& targets);
+
+/// Attaches fresh adapters as PEFT initialises them: A Kaiming-uniform (bound 1/sqrt(in)) from a generator
+/// seeded with `seed`, B zeros (so the model's output is unchanged), DoRA magnitudes = row norms of W. Freezes
+/// every base parameter; modules_to_save get trainable copies. Throws ConfigError for r < 1 or bad targets.
+void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed);
+
+/// Reads DIR/adapter_config.json and DIR/adapter_model.safetensors (PEFT layout) and attaches them to `model`
+/// (base parameters frozen). Accepts PEFT's naming variants (with or without ".default", DoRA magnitude as
+/// `lora_magnitude_vector` or `lora_magnitude_vector.weight`). Throws IoError / FormatError for unreadable or
+/// malformed files and ModelError, naming the file and listing the tensors, when the adapter does not fit.
+LoraConfig load_adapter(CausalLM& model, const fs::path& dir);
+
+/// The adapter's trainable tensors with their PEFT names (base_model.model.<path>.lora_A.weight [r, in],
+/// lora_B.weight [out, r], lora_magnitude_vector [out], and modules_to_save as base_model.model.<path>.weight).
+std::vector<TrainableTensor> adapter_tensors(CausalLM& model, const LoraConfig& config);
+
+/// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (float32 unless the tensors are wider),
+/// each atomically. Throws IoError.
+void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config);
+
+/// Folds every adapter into its base weight (W + scale B A, DoRA: m / ||W + scale B A|| * (W + scale B A),
+/// computed in float64) and detaches the adapters; the model then computes what base + adapter computed.
+void merge_lora(CausalLM& model);
+
+/// The adapter_config.json text PEFT writes for `config`.
+Json adapter_config_json(const LoraConfig& config);
+
+}  // namespace swiftcpp

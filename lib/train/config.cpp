@@ -1,0 +1,103 @@
+#include "train/config.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "template/template.h"
+
+namespace swiftcpp {
+
+namespace {
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+ConfigSchema<TrainConfig> make_schema() {
+  using C = TrainConfig;
+  ConfigSchema<C> s;
+  std::vector<std::string> templates = chat_template_names();
+  templates.insert(templates.begin(), "");
+  s.string("model", &C::model, "Hugging Face checkpoint folder (config.json + safetensors + tokenizer)")
+      .string("train_type", &C::train_type, "full fine-tuning or LoRA/DoRA adapters", {"lora", "full"})
+      .string("adapters", &C::adapters, "PEFT adapter folder to continue training from (LoRA only)")
+      .string("torch_dtype", &C::torch_dtype, "dtype the weights are loaded in", {"float32", "bfloat16", "float16"})
+      .string("device", &C::device, "cpu, cuda or cuda:N")
+      .boolean("bf16", &C::bf16, "bf16 autocast for forward and loss (weights and optimizer stay float32)")
+      .boolean("gradient_checkpointing", &C::gradient_checkpointing, "recompute layer activations in backward")
+      .integer("lora_rank", &C::lora_rank, "LoRA rank r", 1, 65536)
+      .number("lora_alpha", &C::lora_alpha, "LoRA alpha (scale = alpha / r)", 0.0)
+      .number("lora_dropout", &C::lora_dropout, "dropout on the adapter input", 0.0, 0.999)
+      .strings("target_modules", &C::target_modules, "linear layers to adapt: names (q_proj, ...) or all-linear")
+      .boolean("use_rslora", &C::use_rslora, "rank-stabilised scale alpha / sqrt(r)")
+      .boolean("use_dora", &C::use_dora, "DoRA: weight-decomposed adapters (magnitude + direction)")
+      .strings("modules_to_save", &C::modules_to_save, "modules trained in full beside the adapter (lm_head, embed_tokens)")
+      .strings("dataset", &C::dataset, "training data files, each 'path' or 'path#N' (first N rows)")
+      .strings("val_dataset", &C::val_dataset, "validation data files")
+      .number("split_dataset_ratio", &C::split_dataset_ratio, "share of dataset held out for validation", 0.0, 0.99)
+      .boolean("dataset_shuffle", &C::dataset_shuffle, "shuffle training data (each epoch, from seed)")
+      .string("template", &C::chat_template, "chat template; empty: detected from the checkpoint", templates)
+      .string("system", &C::system, "system prompt replacing every row's")
+      .integer("max_length", &C::max_length, "longest sample in tokens (packed row length with packing)", 2, kMaxInt)
+      .string("truncation_strategy", &C::truncation_strategy, "what to do with longer samples", {"delete", "left", "right"})
+      .string("loss_scale", &C::loss_scale, "which assistant turns are trained", {"default", "last_round"})
+      .boolean("packing", &C::packing, "pack samples into rows of max_length (block-diagonal attention)")
+      .boolean("strict", &C::strict, "fail on the first bad data row (false: skip and count them)")
+      .integer("dataset_num_proc", &C::dataset_num_proc, "preprocessing threads (0: every core)", 0, 1024)
+      .string("data_cache_dir", &C::data_cache_dir, "folder caching tokenised data (empty: no cache)")
+      .number("learning_rate", &C::learning_rate, "peak learning rate", 0.0, 10.0)
+      .number("adam_beta1", &C::adam_beta1, "AdamW beta1", 0.0, 0.999999)
+      .number("adam_beta2", &C::adam_beta2, "AdamW beta2", 0.0, 0.999999999)
+      .number("adam_epsilon", &C::adam_epsilon, "AdamW epsilon", 0.0, 1.0)
+      .number("weight_decay", &C::weight_decay, "decoupled weight decay (not on norms and biases)", 0.0, 10.0)
+      .number("max_grad_norm", &C::max_grad_norm, "clip gradients to this global L2 norm (0: no clipping)", 0.0)
+      .string("lr_scheduler_type", &C::lr_scheduler_type, "learning-rate schedule after warm-up", {"cosine", "linear", "constant"})
+      .number("warmup_ratio", &C::warmup_ratio, "warm-up steps as a share of all steps", 0.0, 1.0)
+      .integer("warmup_steps", &C::warmup_steps, "warm-up steps (overrides warmup_ratio when > 0)", 0, kMaxInt)
+      .integer("per_device_train_batch_size", &C::per_device_train_batch_size, "samples (or packed rows) per micro-batch", 1, 1 << 20)
+      .integer("per_device_eval_batch_size", &C::per_device_eval_batch_size, "samples per validation batch", 1, 1 << 20)
+      .integer("gradient_accumulation_steps", &C::gradient_accumulation_steps, "micro-batches per optimizer step", 1, 1 << 20)
+      .number("num_train_epochs", &C::num_train_epochs, "passes over the training data (used when max_steps <= 0)", 0.0, 1e6)
+      .integer("max_steps", &C::max_steps, "optimizer steps (overrides num_train_epochs when > 0)", -1, kMaxInt)
+      .integer("seed", &C::seed, "seed of adapter init, data order and dropout", 0, kMaxInt)
+      .string("output_dir", &C::output_dir, "runs are written to output_dir/vN-YYYYMMDD-HHMMSS/")
+      .integer("logging_steps", &C::logging_steps, "log every N steps", 1, kMaxInt)
+      .integer("save_steps", &C::save_steps, "save a checkpoint every N steps", 1, kMaxInt)
+      .integer("save_total_limit", &C::save_total_limit, "keep at most N checkpoints (-1: all)", -1, kMaxInt)
+      .integer("eval_steps", &C::eval_steps, "validation loss every N steps (-1: save_steps)", -1, kMaxInt)
+      .boolean("save_only_model", &C::save_only_model, "checkpoints without optimizer and RNG state (cannot resume)")
+      .string("resume_from_checkpoint", &C::resume_from_checkpoint, "checkpoint folder to resume, or 'latest'");
+  return s;
+}
+}  // namespace
+
+const ConfigSchema<TrainConfig>& train_config_schema() {
+  static const ConfigSchema<TrainConfig> schema = make_schema();
+  return schema;
+}
+
+TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides) {
+  TrainConfig config;
+  if (!recipe.empty()) train_config_schema().apply_file(config, recipe);
+  for (const auto& o : overrides) train_config_schema().apply_override(config, o);
+  validate_train_config(config);
+  return config;
+}
+
+void validate_train_config(const TrainConfig& c) {
+  if (c.model.empty()) fail<ConfigError>("'model' is required: a Hugging Face checkpoint folder");
+  if (c.dataset.empty()) fail<ConfigError>("'dataset' is required: one or more data files (path or path#N)");
+  if (c.train_type == "full") {
+    if (!c.adapters.empty()) fail<ConfigError>("'adapters' needs train_type lora (got full)");
+    if (c.use_dora) fail<ConfigError>("'use_dora' needs train_type lora (got full)");
+    if (!c.modules_to_save.empty()) fail<ConfigError>("'modules_to_save' needs train_type lora (full trains everything)");
+  }
+  if (c.target_modules.empty()) fail<ConfigError>("'target_modules' must name at least one module (or all-linear)");
+  if (c.max_steps <= 0 && c.num_train_epochs <= 0) {
+    fail<ConfigError>("set max_steps > 0 or num_train_epochs > 0 (got max_steps {}, num_train_epochs {})", c.max_steps,
+                      c.num_train_epochs);
+  }
+  if (c.bf16 && c.torch_dtype != "float32") {
+    fail<ConfigError>("bf16 autocast keeps float32 master weights: use torch_dtype float32 with bf16 true (got {})",
+                      c.torch_dtype);
+  }
+}
+
+}  // namespace swiftcpp

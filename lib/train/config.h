@@ -1,0 +1,84 @@
+// The training configuration: one typed struct, decoded strictly from a YAML recipe plus `key=value` overrides
+// (names follow ms-swift / Hugging Face TrainingArguments where they exist), saved as args.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/schema.h"
+
+namespace swiftcpp {
+
+struct TrainConfig {
+  // Model and tuning method
+  std::string model = "models/stories260K";
+  std::string train_type = "lora";  // lora | full
+  std::string adapters;             // start from this PEFT adapter folder instead of a fresh one
+  std::string torch_dtype = "float32";
+  std::string device = "cpu";
+  bool bf16 = false;                // bf16 autocast (float32 master weights)
+  bool gradient_checkpointing = false;
+
+  // LoRA / DoRA
+  int64_t lora_rank = 8;
+  double lora_alpha = 32;
+  double lora_dropout = 0.05;
+  std::vector<std::string> target_modules = {"all-linear"};
+  bool use_rslora = false;
+  bool use_dora = false;
+  std::vector<std::string> modules_to_save;
+
+  // Data
+  std::vector<std::string> dataset;
+  std::vector<std::string> val_dataset;
+  double split_dataset_ratio = 0.0;
+  bool dataset_shuffle = true;
+  std::string chat_template;  // recipe key "template"; empty: detected from the checkpoint
+  std::string system;
+  int64_t max_length = 2048;
+  std::string truncation_strategy = "delete";
+  std::string loss_scale = "default";
+  bool packing = false;
+  bool strict = true;
+  int64_t dataset_num_proc = 0;
+  std::string data_cache_dir;
+
+  // Optimisation
+  double learning_rate = 1e-4;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double weight_decay = 0.1;
+  double max_grad_norm = 1.0;
+  std::string lr_scheduler_type = "cosine";
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  int64_t per_device_train_batch_size = 1;
+  int64_t per_device_eval_batch_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  double num_train_epochs = 1;
+  int64_t max_steps = -1;
+  int64_t seed = 42;
+
+  // Outputs
+  std::string output_dir = "output";
+  int64_t logging_steps = 5;
+  int64_t save_steps = 500;
+  int64_t save_total_limit = -1;
+  int64_t eval_steps = -1;  // -1: same as save_steps
+  bool save_only_model = false;
+  std::string resume_from_checkpoint;  // a checkpoint folder, or "latest" (newest under output_dir)
+};
+
+/// The schema of TrainConfig: every recipe key with its type, range and help.
+const ConfigSchema<TrainConfig>& train_config_schema();
+
+/// Loads a recipe (when `recipe` is not empty) and applies the overrides in order, then checks the combination
+/// (validate_train_config). Throws ConfigError naming the file:line or the argument.
+TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides);
+
+/// Checks what single-field ranges cannot: combinations and required keys. Throws ConfigError.
+void validate_train_config(const TrainConfig& config);
+
+}  // namespace swiftcpp

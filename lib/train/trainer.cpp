@@ -1,0 +1,694 @@
+#include "train/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/plot.h"
+#include "core/progress.h"
+#include "data/pipeline.h"
+#include "io/safetensors.h"
+#include "models/registry.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp {
+
+namespace {
+
+// bf16 autocast for the forward pass and the loss (backward runs outside, as torch.autocast recommends).
+class AutocastScope {
+ public:
+  AutocastScope(bool on, const at::Device& device) : on_(on), cuda_(device.is_cuda()) {
+    if (!on_) return;
+    if (cuda_) {
+      prev_enabled_ = at::autocast::is_enabled();
+      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    } else {
+      prev_enabled_ = at::autocast::is_cpu_enabled();
+      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (cuda_) {
+      at::autocast::set_enabled(prev_enabled_);
+      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(prev_enabled_);
+      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    }
+  }
+
+ private:
+  bool on_, cuda_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+double peak_rss_mib() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+// output_dir/vN-YYYYMMDD-HHMMSS with N one above the highest existing version.
+fs::path new_run_dir(const fs::path& output_dir) {
+  std::error_code ec;
+  fs::create_directories(output_dir, ec);
+  if (ec) fail<IoError>("cannot create output_dir {}: {}", output_dir.string(), ec.message());
+  static const std::regex version(R"(v(\d+)-.*)");
+  int64_t next = 0;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, m, version)) next = std::max<int64_t>(next, std::stoll(m[1]) + 1);
+  }
+  for (;; ++next) {
+    const fs::path dir = output_dir / fmt::format("v{}-{}", next, utc_stamp());
+    if (fs::create_directory(dir, ec)) return dir;
+    if (ec) fail<IoError>("cannot create run folder {}: {}", dir.string(), ec.message());
+  }
+}
+
+// checkpoint-<N> folders of a run that were completely written, by step.
+std::map<int64_t, fs::path> complete_checkpoints(const fs::path& run_dir) {
+  static const std::regex pattern(R"(checkpoint-(\d+))");
+  std::map<int64_t, fs::path> out;
+  if (!fs::is_directory(run_dir)) return out;
+  for (const auto& entry : fs::directory_iterator(run_dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, m, pattern)) out[std::stoll(m[1])] = entry.path();
+  }
+  return out;
+}
+
+// The permutation of `n` items for an epoch: identity without shuffling, else Fisher-Yates from a generator
+// seeded by (seed, epoch), portable across standard libraries.
+std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (!shuffle) return order;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch) + 1);
+  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+  return order;
+}
+
+std::string dataset_path(const std::string& spec) {
+  const auto hash = spec.rfind('#');
+  return hash == std::string::npos ? spec : spec.substr(0, hash);
+}
+
+std::string format_hms(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+Json read_json_lines(const fs::path& file) {
+  Json out = Json::array();
+  if (!fs::exists(file)) return out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(Json::parse(line));
+    } catch (const Json::exception&) {
+      break;  // a line cut by a hard kill: everything before it is intact
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Trainer
+// ---------------------------------------------------------------------------------------------------------------
+
+Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& adapter_dir)
+    : config_(config), model_(std::move(model)) {
+  model_->train();
+  model_->set_gradient_checkpointing(config_.gradient_checkpointing);
+  std::vector<TrainableTensor> params;
+  if (is_lora()) {
+    const std::string dir = adapter_dir.empty() ? config_.adapters : adapter_dir;
+    if (!dir.empty()) {
+      lora_ = load_adapter(model_, dir);
+    } else {
+      lora_.r = config_.lora_rank;
+      lora_.lora_alpha = config_.lora_alpha;
+      lora_.lora_dropout = config_.lora_dropout;
+      lora_.target_modules = config_.target_modules;
+      lora_.use_rslora = config_.use_rslora;
+      lora_.use_dora = config_.use_dora;
+      lora_.modules_to_save = config_.modules_to_save;
+      inject_lora(model_, lora_, static_cast<uint64_t>(config_.seed));
+    }
+    lora_.base_model_name_or_path = config_.model;
+    params = adapter_tensors(model_, lora_);
+  } else {
+    for (auto& item : model_->named_parameters(true)) {
+      item.value().requires_grad_(true);
+      params.push_back({item.key(), item.value(), item.value().dim() >= 2});
+    }
+  }
+  AdamWOptions adam;
+  adam.lr = config_.learning_rate;
+  adam.beta1 = config_.adam_beta1;
+  adam.beta2 = config_.adam_beta2;
+  adam.eps = config_.adam_epsilon;
+  adam.weight_decay = config_.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(std::move(params), adam);
+}
+
+int64_t Trainer::warmup_steps(int64_t total_steps) const {
+  if (config_.warmup_steps > 0) return config_.warmup_steps;
+  return static_cast<int64_t>(std::ceil(config_.warmup_ratio * static_cast<double>(total_steps)));
+}
+
+at::Tensor Trainer::forward_loss(const Batch& batch, int64_t* correct) {
+  const at::Device device = model_->device();
+  ForwardOptions options;
+  if (batch.position_ids.defined()) options.position_ids = batch.position_ids.to(device);
+  if (batch.key_valid.defined()) options.key_valid = batch.key_valid.to(device);
+  if (batch.segment_ids.defined()) options.segment_ids = batch.segment_ids.to(device);
+  const at::Tensor ids = batch.input_ids.to(device);
+  const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
+  // The head and the loss only where a label is: padding and prompt positions cost no vocabulary projection.
+  const at::Tensor hidden = model_->hidden_states(ids, options);     // [B, T, D]
+  const at::Tensor where = (labels != kIgnoreIndex).nonzero().squeeze(1);
+  const at::Tensor targets = labels.index_select(0, where);                                   // [N]
+  const at::Tensor logits = model_->logits(hidden.reshape({-1, hidden.size(-1)}).index_select(0, where));  // [N, V]
+  const at::Tensor log_probs = at::log_softmax(logits, -1, at::kFloat);
+  const at::Tensor loss = at::nll_loss(log_probs, targets, {}, at::Reduction::Sum);
+  if (correct != nullptr) {
+    at::NoGradGuard no_grad;
+    *correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
+  }
+  return loss;
+}
+
+StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps) {
+  model_->train();
+  StepResult r;
+  for (const auto& b : micro_batches) {
+    r.label_tokens += b.label_tokens;
+    r.real_tokens += b.real_tokens;
+  }
+  const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
+  optimizer_->zero_grad();
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (const auto& batch : micro_batches) {
+    if (batch.label_tokens == 0) continue;
+    at::Tensor loss;
+    {
+      AutocastScope autocast(config_.bf16, model_->device());
+      loss = forward_loss(batch, &correct);
+    }
+    (loss / denominator).backward();
+    loss_sum += loss.item<double>();
+  }
+  r.loss = loss_sum / denominator;
+  r.token_acc = static_cast<double>(correct) / denominator;
+  r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
+  r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
+                                 warmup_steps(total_steps), total_steps);
+  optimizer_->step(r.learning_rate);
+  return r;
+}
+
+std::pair<double, int64_t> Trainer::evaluate(const std::vector<Batch>& batches) {
+  model_->eval();
+  at::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const auto& batch : batches) {
+    if (batch.label_tokens == 0) continue;
+    AutocastScope autocast(config_.bf16, model_->device());
+    sum += forward_loss(batch, nullptr).item<double>();
+    tokens += batch.label_tokens;
+  }
+  model_->train();
+  return {sum, tokens};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// run_training
+// ---------------------------------------------------------------------------------------------------------------
+
+fs::path find_latest_checkpoint(const fs::path& output_dir) {
+  if (!fs::is_directory(output_dir)) fail<IoError>("resume_from_checkpoint latest: output_dir {} does not exist", output_dir.string());
+  static const std::regex version(R"(v(\d+)-.*)");
+  std::map<int64_t, fs::path> runs;
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, m, version)) runs[std::stoll(m[1])] = entry.path();
+  }
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
+    const auto checkpoints = complete_checkpoints(it->second);
+    for (auto c = checkpoints.rbegin(); c != checkpoints.rend(); ++c) {
+      if (fs::exists(c->second / "trainer_state.json")) return c->second;
+    }
+  }
+  fail<IoError>("resume_from_checkpoint latest: no resumable checkpoint under {}", output_dir.string());
+}
+
+namespace {
+
+// Everything a resumed run must share with the run that wrote the checkpoint.
+Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total_steps) {
+  Json f = Json::object();
+  f["model_config"] = fmt::format("{:016x}", hash_file(fs::path(c.model) / "config.json"));
+  f["train_type"] = c.train_type;
+  if (c.train_type == "lora") {
+    f["lora"] = {{"r", lora.r}, {"lora_alpha", lora.lora_alpha}, {"target_modules", lora.target_modules},
+                 {"use_rslora", lora.use_rslora}, {"use_dora", lora.use_dora}, {"modules_to_save", lora.modules_to_save}};
+  }
+  std::vector<std::string> data;
+  for (const auto& spec : c.dataset) data.push_back(fmt::format("{}@{:016x}", spec, hash_file(dataset_path(spec))));
+  f["dataset"] = data;
+  f["template"] = c.chat_template;
+  f["max_length"] = c.max_length;
+  f["packing"] = c.packing;
+  f["per_device_train_batch_size"] = c.per_device_train_batch_size;
+  f["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  f["seed"] = c.seed;
+  f["dataset_shuffle"] = c.dataset_shuffle;
+  f["split_dataset_ratio"] = c.split_dataset_ratio;
+  f["learning_rate"] = c.learning_rate;
+  f["lr_scheduler_type"] = c.lr_scheduler_type;
+  f["total_steps"] = total_steps;
+  f["torch_dtype"] = c.torch_dtype;
+  return f;
+}
+
+void check_fingerprint(const Json& saved, const Json& now, const fs::path& checkpoint) {
+  std::vector<std::string> diffs;
+  for (const auto& [key, value] : now.items()) {
+    if (!saved.contains(key)) {
+      diffs.push_back(fmt::format("{} (missing in the checkpoint)", key));
+    } else if (saved[key] != value) {
+      diffs.push_back(fmt::format("{}: checkpoint {}, now {}", key, saved[key].dump(), value.dump()));
+    }
+  }
+  if (!diffs.empty()) {
+    fail<ConfigError>("cannot resume from {}: it was made by a different setup (model, data or recipe):\n  {}",
+                      checkpoint.string(), fmt::join(diffs, "\n  "));
+  }
+}
+
+void copy_model_files(const fs::path& from, const fs::path& to) {
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
+                           "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                           "chat_template.jinja", "added_tokens.json"}) {
+    if (!fs::exists(from / name)) continue;
+    std::error_code ec;
+    fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) fail<IoError>("cannot copy {} to {}: {}", (from / name).string(), to.string(), ec.message());
+  }
+}
+
+struct RunState {
+  int64_t global_step = 0;
+  int64_t total_steps = 0;
+  int64_t steps_per_epoch = 1;
+  Json fingerprint;
+};
+
+// Writes checkpoint-<step> under a temporary name and renames it into place; then trims to save_total_limit.
+fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunState& state, const fs::path& args_json) {
+  const TrainConfig& c = trainer.config();
+  const fs::path final_dir = run_dir / fmt::format("checkpoint-{}", state.global_step);
+  const fs::path tmp = run_dir / fmt::format(".checkpoint-{}.tmp-{}", state.global_step, getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
+  if (trainer.is_lora()) {
+    save_adapter(tmp, trainer.model(), trainer.lora_config());
+  } else {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& item : trainer.model()->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach());
+    save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    copy_model_files(c.model, tmp);
+  }
+  if (!c.save_only_model) {
+    const AdamW& opt = trainer.optimizer();
+    save_safetensors(tmp / "optimizer.safetensors", opt.state(), {{"step", std::to_string(opt.state_steps())}});
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng = generator.get_state();
+    save_safetensors(tmp / "rng_state.safetensors", {{"cpu", rng}});
+    Json ts = {{"global_step", state.global_step},
+               {"total_steps", state.total_steps},
+               {"steps_per_epoch", state.steps_per_epoch},
+               {"epoch", static_cast<double>(state.global_step) / static_cast<double>(state.steps_per_epoch)},
+               {"optimizer_steps", opt.state_steps()},
+               {"fingerprint", state.fingerprint}};
+    write_file_atomic(tmp / "trainer_state.json", ts.dump(2) + "\n");
+  }
+  if (fs::exists(args_json)) fs::copy_file(args_json, tmp / "args.json", fs::copy_options::overwrite_existing, ec);
+  if (fs::exists(final_dir)) {
+    const fs::path old = run_dir / fmt::format(".checkpoint-{}.old-{}", state.global_step, getpid());
+    fs::rename(final_dir, old, ec);
+    if (ec) fail<IoError>("cannot replace {}: {}", final_dir.string(), ec.message());
+    fs::rename(tmp, final_dir, ec);
+    if (ec) fail<IoError>("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp, final_dir, ec);
+    if (ec) fail<IoError>("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+  }
+  if (c.save_total_limit > 0) {
+    auto all = complete_checkpoints(run_dir);
+    while (static_cast<int64_t>(all.size()) > c.save_total_limit) {
+      if (all.begin()->second == final_dir) break;
+      fs::remove_all(all.begin()->second, ec);
+      all.erase(all.begin());
+    }
+  }
+  return final_dir;
+}
+
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) {
+  TrainConfig config = config_in;
+  validate_train_config(config);
+  NullBuffer null_buffer;
+  std::ostream null_stream(&null_buffer);
+  std::ostream& out = hooks.out != nullptr ? *hooks.out : null_stream;
+  const auto start_time = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count(); };
+
+  // Resume or start a run folder.
+  fs::path resume_dir;
+  Json resume_state;
+  if (!config.resume_from_checkpoint.empty()) {
+    resume_dir = config.resume_from_checkpoint == "latest" ? find_latest_checkpoint(config.output_dir)
+                                                           : fs::path(config.resume_from_checkpoint);
+    if (!fs::is_directory(resume_dir)) fail<IoError>("resume_from_checkpoint: {} is not a folder", resume_dir.string());
+    if (!fs::exists(resume_dir / "trainer_state.json")) {
+      fail<ConfigError>("resume_from_checkpoint: {} has no trainer_state.json (written with save_only_model, or "
+                        "not a swiftcpp checkpoint)", resume_dir.string());
+    }
+    resume_state = load_json_file(resume_dir / "trainer_state.json");
+  }
+
+  // Model, tokenizer, data.
+  const at::Device device = parse_device(config.device);
+  LoadOptions load;
+  load.device = device;
+  load.dtype = parse_dtype(config.torch_dtype);
+  CausalLM model = load_causal_lm(config.model, load);
+  if (!resume_dir.empty() && config.train_type == "full") {
+    load_weights(model, Checkpoint::open(resume_dir), resume_dir.string(), load);
+  }
+  std::shared_ptr<const TextTokenizer> tokenizer = load_tokenizer(config.model);
+  if (config.chat_template.empty()) config.chat_template = detect_chat_template(config.model);
+  const auto tmpl = chat_template_for(*tokenizer, config.chat_template);
+  EncodeOptions enc;
+  enc.max_length = config.max_length;
+  enc.truncation = parse_truncation_strategy(config.truncation_strategy);
+  enc.loss_scale = parse_loss_scale(config.loss_scale);
+  SampleEncoder encoder(tokenizer, tmpl, enc);
+  DataOptions data;
+  data.dataset = config.dataset;
+  data.val_dataset = config.val_dataset;
+  data.split_dataset_ratio = config.split_dataset_ratio;
+  data.dataset_shuffle = config.dataset_shuffle;
+  data.seed = static_cast<uint64_t>(config.seed);
+  data.strict = config.strict;
+  if (!config.system.empty()) data.system = config.system;
+  data.num_threads = static_cast<int>(config.dataset_num_proc);
+  data.cache_dir = config.data_cache_dir;
+  const std::string data_fingerprint =
+      fmt::format("{}|template={}|max_length={}|trunc={}|loss={}", tokenizer_files_fingerprint(config.model),
+                  config.chat_template, config.max_length, config.truncation_strategy, config.loss_scale);
+  TokenizedData tokenized = prepare_data(data, encoder, data_fingerprint);
+  if (tokenized.train.empty()) {
+    fail<ConfigError>("no training samples: all {} rows of {} were skipped or longer than max_length {}",
+                      tokenized.stats.rows, fmt::join(config.dataset, ", "), config.max_length);
+  }
+  const int32_t pad_id = tokenizer->specials().pad.value_or(0);
+
+  // Items: samples, or packed rows of samples.
+  std::vector<std::vector<size_t>> items;
+  if (config.packing) {
+    std::vector<int64_t> lengths;
+    for (const auto& s : tokenized.train) lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
+    items = pack_best_fit_decreasing(lengths, config.max_length);
+  } else {
+    for (size_t i = 0; i < tokenized.train.size(); ++i) items.push_back({i});
+  }
+  const int64_t bs = config.per_device_train_batch_size, ga = config.gradient_accumulation_steps;
+  const int64_t micro_per_epoch = (static_cast<int64_t>(items.size()) + bs - 1) / bs;
+  RunState state;
+  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga - 1) / ga);
+  state.total_steps = config.max_steps > 0
+                          ? config.max_steps
+                          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.num_train_epochs * state.steps_per_epoch)));
+
+  Trainer trainer(config, model, resume_dir.empty() || config.train_type == "full" ? "" : resume_dir.string());
+  state.fingerprint = run_fingerprint(config, trainer.lora_config(), state.total_steps);
+  fs::path run_dir;
+  if (!resume_dir.empty()) {
+    check_fingerprint(resume_state.value("fingerprint", Json::object()), state.fingerprint, resume_dir);
+    const auto opt = SafetensorsFile::open(resume_dir / "optimizer.safetensors");
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& info : opt->tensors()) tensors.emplace_back(info.name, opt->tensor(info.name));
+    const auto steps_it = opt->metadata().find("step");
+    if (steps_it == opt->metadata().end()) fail<FormatError>("{}: no 'step' in the metadata", opt->path().string());
+    trainer.optimizer().load_state(tensors, std::stoll(steps_it->second), opt->path().string());
+    const auto rng = SafetensorsFile::open(resume_dir / "rng_state.safetensors");
+    auto generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng->tensor("cpu").clone());
+    state.global_step = resume_state.at("global_step").get<int64_t>();
+    run_dir = resume_dir.parent_path();
+  } else {
+    at::manual_seed(static_cast<uint64_t>(config.seed));
+    run_dir = new_run_dir(config.output_dir);
+  }
+
+  // args.json and the log (a resumed run keeps the records up to its checkpoint).
+  const fs::path args_json = run_dir / "args.json";
+  Json args = train_config_schema().dump(config);
+  args["command_line"] = hooks.command_line;
+  args["run_dir"] = run_dir.string();
+  args["model_type"] = trainer.model()->config().model_type;
+  args["total_steps"] = state.total_steps;
+  args["steps_per_epoch"] = state.steps_per_epoch;
+  write_file_atomic(args_json, args.dump(2) + "\n");
+  const fs::path log_file = run_dir / "logging.jsonl";
+  Json history = read_json_lines(log_file);
+  {
+    std::string kept;
+    Json filtered = Json::array();
+    for (const auto& record : history) {
+      if (record.value("global_step", int64_t{0}) <= state.global_step) {
+        kept += record.dump() + "\n";
+        filtered.push_back(record);
+      }
+    }
+    history = filtered;
+    write_file_atomic(log_file, kept);
+  }
+  std::ofstream log(log_file, std::ios::app);
+  if (!log) fail<IoError>("cannot append to {}", log_file.string());
+  const auto append_log = [&](const Json& record) {
+    log << record.dump() << "\n";
+    log.flush();
+    history.push_back(record);
+  };
+
+  const int64_t trainable_count = [&] {
+    int64_t n = 0;
+    for (const auto& t : trainer.trainables()) n += t.tensor.numel();
+    return n;
+  }();
+  out << fmt::format("run folder: {}\n", run_dir.string());
+  out << fmt::format("data: {} train samples, {} validation, {} tokens ({} trained){}\n", tokenized.train.size(),
+                     tokenized.validation.size(), tokenized.stats.tokens, tokenized.stats.label_tokens,
+                     config.packing ? fmt::format(", packed into {} rows of <= {}", items.size(), config.max_length) : "");
+  out << fmt::format("{} {}: {} trainable parameters; {} steps ({} per epoch), batch {} x {} accumulation\n",
+                     config.train_type, trainer.model()->config().model_type, trainable_count, state.total_steps,
+                     state.steps_per_epoch, bs, ga);
+  if (!resume_dir.empty()) out << fmt::format("resuming from {} at step {}\n", resume_dir.string(), state.global_step);
+
+  // Validation batches, built once.
+  std::vector<Batch> val_batches;
+  for (size_t i = 0; i < tokenized.validation.size(); i += config.per_device_eval_batch_size) {
+    std::vector<const Sample*> group;
+    for (size_t j = i; j < std::min(tokenized.validation.size(), i + config.per_device_eval_batch_size); ++j) {
+      group.push_back(&tokenized.validation[j]);
+    }
+    val_batches.push_back(collate_padded(group, pad_id));
+  }
+  const int64_t eval_every = config.eval_steps > 0 ? config.eval_steps : config.save_steps;
+
+  TrainResult result;
+  result.run_dir = run_dir;
+  result.total_steps = state.total_steps;
+  ProgressBar progress(state.total_steps, out, hooks.tty, config.logging_steps);
+  progress.set_line_width(hooks.columns);
+  int64_t cached_epoch = -1;
+  std::vector<size_t> order;
+  double window_loss = 0, window_acc = 0, window_tokens = 0, window_seconds = 0;
+  int64_t window_steps = 0;
+  double train_seconds = 0;
+  int64_t steps_done = 0;
+  fs::path last_saved;
+  bool saved_at_end = false;
+
+  const auto run_eval = [&](int64_t step) {
+    if (val_batches.empty()) return;
+    const auto [sum, tokens] = trainer.evaluate(val_batches);
+    const double loss = sum / static_cast<double>(std::max<int64_t>(1, tokens));
+    append_log({{"eval_loss", loss}, {"eval_tokens", tokens}, {"global_step", step},
+                {"epoch", static_cast<double>(step) / static_cast<double>(state.steps_per_epoch)}});
+    result.eval_losses.emplace_back(step, loss);
+    progress.message(fmt::format("step {}: eval_loss {:.4f}", step, loss));
+  };
+  if (resume_dir.empty()) run_eval(0);
+
+  for (int64_t step = state.global_step; step < state.total_steps; ++step) {
+    const int64_t epoch = step / state.steps_per_epoch, k = step % state.steps_per_epoch;
+    if (epoch != cached_epoch) {
+      order = epoch_order(items.size(), config.dataset_shuffle, static_cast<uint64_t>(config.seed), epoch);
+      cached_epoch = epoch;
+    }
+    std::vector<Batch> micro;
+    const size_t first = static_cast<size_t>(k * bs * ga);
+    const size_t last = std::min(items.size(), first + static_cast<size_t>(bs * ga));
+    for (size_t i = first; i < last; i += bs) {
+      const size_t end = std::min(last, i + static_cast<size_t>(bs));
+      if (config.packing) {
+        std::vector<std::vector<const Sample*>> rows;
+        for (size_t j = i; j < end; ++j) {
+          rows.emplace_back();
+          for (size_t s : items[order[j]]) rows.back().push_back(&tokenized.train[s]);
+        }
+        micro.push_back(collate_packed(rows, pad_id));
+      } else {
+        std::vector<const Sample*> group;
+        for (size_t j = i; j < end; ++j) group.push_back(&tokenized.train[items[order[j]][0]]);
+        micro.push_back(collate_padded(group, pad_id));
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = trainer.step(micro, step, state.total_steps);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t global_step = step + 1;
+    state.global_step = global_step;
+    ++steps_done;
+    train_seconds += seconds;
+    result.losses.push_back(r.loss);
+    window_loss += r.loss;
+    window_acc += r.token_acc;
+    window_tokens += static_cast<double>(r.real_tokens);
+    window_seconds += seconds;
+    ++window_steps;
+    const double remaining = train_seconds / steps_done * static_cast<double>(state.total_steps - global_step);
+    const bool last_step = global_step == state.total_steps;
+    const bool stopping = hooks.stop != nullptr && hooks.stop->load();
+    if (global_step % config.logging_steps == 0 || last_step || stopping) {
+      append_log({{"loss", window_loss / window_steps},
+                  {"grad_norm", r.grad_norm},
+                  {"learning_rate", r.learning_rate},
+                  {"token_acc", window_acc / window_steps},
+                  {"epoch", static_cast<double>(global_step) / static_cast<double>(state.steps_per_epoch)},
+                  {"global_step", global_step},
+                  {"tokens_per_s", window_tokens / std::max(1e-9, window_seconds)},
+                  {"memory_mib", peak_rss_mib()},
+                  {"elapsed_time", format_hms(elapsed())},
+                  {"remaining_time", format_hms(remaining)}});
+      window_loss = window_acc = window_tokens = window_seconds = 0;
+      window_steps = 0;
+    }
+    ProgressStats stats;
+    stats.loss = r.loss;
+    stats.learning_rate = r.learning_rate;
+    stats.tokens_per_s = static_cast<double>(r.real_tokens) / std::max(1e-9, seconds);
+    stats.elapsed_s = elapsed();
+    progress.update(global_step, stats);
+    if (global_step % eval_every == 0 || last_step) run_eval(global_step);
+    if (global_step % config.save_steps == 0 || last_step || stopping) {
+      last_saved = save_checkpoint(run_dir, trainer, state, args_json);
+      saved_at_end = true;
+      progress.message(fmt::format("saved {}", last_saved.string()));
+    } else {
+      saved_at_end = false;
+    }
+    if (stopping && !last_step) {
+      result.interrupted = true;
+      progress.message(fmt::format("stopped at step {}; resume with resume_from_checkpoint={}", global_step,
+                                   last_saved.string()));
+      break;
+    }
+  }
+  if (!saved_at_end && state.global_step > 0 && last_saved.empty()) {
+    last_saved = save_checkpoint(run_dir, trainer, state, args_json);
+  }
+  progress.finish();
+  result.global_step = state.global_step;
+  result.last_checkpoint = last_saved.empty() ? fs::path(resume_dir) : last_saved;
+
+  // The loss curve of the whole run (records before a resume included).
+  Series train_curve{"train loss", {}, {}, ""}, eval_curve{"validation loss", {}, {}, ""};
+  for (const auto& record : history) {
+    if (record.contains("loss")) {
+      train_curve.x.push_back(record["global_step"].get<double>());
+      train_curve.y.push_back(record["loss"].get<double>());
+    }
+    if (record.contains("eval_loss")) {
+      eval_curve.x.push_back(record["global_step"].get<double>());
+      eval_curve.y.push_back(record["eval_loss"].get<double>());
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(run_dir / "images", ec);
+  write_loss_curve_svg(run_dir / "images" / "train_loss.svg", train_curve, eval_curve,
+                       fmt::format("{} {} on {}", config.train_type, trainer.model()->config().model_type,
+                                   fs::path(config.model).filename().string()));
+  out << fmt::format("done: {} steps in {}, last checkpoint {}\n", state.global_step, format_hms(elapsed()),
+                     result.last_checkpoint.string());
+  return result;
+}
+
+}  // namespace swiftcpp
