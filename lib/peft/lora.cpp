@@ -206,14 +206,10 @@ void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config
   write_file_atomic(dir / "adapter_config.json", adapter_config_json(config).dump(2) + "\n");
 }
 
-LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
-  const fs::path config_path = dir / "adapter_config.json";
-  const fs::path weights_path = dir / "adapter_model.safetensors";
-  if (!fs::is_directory(dir)) fail<IoError>("adapter folder {} does not exist", dir.string());
-  if (!fs::exists(weights_path)) {
-    fail<IoError>("{}: no adapter_model.safetensors (PEFT adapters are read from safetensors; convert a .bin "
-                  "adapter with peft first)", dir.string());
-  }
+namespace {
+// adapter_config.json -> LoraConfig; a target_modules regex (PEFT allows one string matched against full module
+// paths) comes back in `target_regex`.
+LoraConfig parse_adapter_config(const fs::path& config_path, std::string& target_regex) {
   const JsonObject j = JsonObject::load(config_path);
   const std::string origin = config_path.string();
   const std::string peft_type = j.get_or<std::string>("peft_type", "LORA");
@@ -233,7 +229,6 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
   }
   if (j.has("layers_to_transform")) fail<ConfigError>("{}: 'layers_to_transform' is not supported", origin);
   const Json& tm = j.raw().value("target_modules", Json());
-  std::string target_regex;
   c.target_modules.clear();
   if (tm.is_string()) {
     if (tm.get<std::string>() == "all-linear") c.target_modules = {"all-linear"};
@@ -252,6 +247,29 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     for (const auto& m : ms) c.modules_to_save.push_back(m.get<std::string>());
   }
   if (c.r < 1) fail<ConfigError>("{}: r must be at least 1, got {}", origin, c.r);
+
+  return c;
+}
+}  // namespace
+
+LoraConfig read_adapter_config(const fs::path& dir) {
+  std::string regex;
+  LoraConfig c = parse_adapter_config(dir / "adapter_config.json", regex);
+  if (!regex.empty()) c.target_modules = {regex};
+  return c;
+}
+
+LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
+  const fs::path config_path = dir / "adapter_config.json";
+  const fs::path weights_path = dir / "adapter_model.safetensors";
+  if (!fs::is_directory(dir)) fail<IoError>("adapter folder {} does not exist", dir.string());
+  if (!fs::exists(weights_path)) {
+    fail<IoError>("{}: no adapter_model.safetensors (PEFT adapters are read from safetensors; convert a .bin "
+                  "adapter with peft first)", dir.string());
+  }
+  std::string target_regex;
+  LoraConfig c = parse_adapter_config(config_path, target_regex);
+  const std::string origin = config_path.string();
 
   // Which linear layers the config selects.
   std::vector<std::string> paths;

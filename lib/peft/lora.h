@@ -53,6 +53,10 @@ void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed);
 /// malformed files and ModelError, naming the file and listing the tensors, when the adapter does not fit.
 LoraConfig load_adapter(CausalLM& model, const fs::path& dir);
 
+/// Reads DIR/adapter_config.json alone (see load_adapter for what is accepted). Throws IoError / FormatError /
+/// ConfigError naming the file.
+LoraConfig read_adapter_config(const fs::path& dir);
+
 /// The adapter's trainable tensors with their PEFT names (base_model.model.<path>.lora_A.weight [r, in],
 /// lora_B.weight [out, r], lora_magnitude_vector [out], and modules_to_save as base_model.model.<path>.weight).
 std::vector<TrainableTensor> adapter_tensors(CausalLM& model, const LoraConfig& config);

@@ -151,6 +151,20 @@ Json read_json_lines(const fs::path& file) {
 
 }  // namespace
 
+LoraConfig requested_lora(const TrainConfig& config) {
+  if (!config.adapters.empty()) return read_adapter_config(config.adapters);
+  LoraConfig lora;
+  lora.r = config.lora_rank;
+  lora.lora_alpha = config.lora_alpha;
+  lora.lora_dropout = config.lora_dropout;
+  lora.target_modules = config.target_modules;
+  lora.use_rslora = config.use_rslora;
+  lora.use_dora = config.use_dora;
+  lora.modules_to_save = config.modules_to_save;
+  lora.base_model_name_or_path = config.model;
+  return lora;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Trainer
 // ---------------------------------------------------------------------------------------------------------------
@@ -165,13 +179,7 @@ Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& a
     if (!dir.empty()) {
       lora_ = load_adapter(model_, dir);
     } else {
-      lora_.r = config_.lora_rank;
-      lora_.lora_alpha = config_.lora_alpha;
-      lora_.lora_dropout = config_.lora_dropout;
-      lora_.target_modules = config_.target_modules;
-      lora_.use_rslora = config_.use_rslora;
-      lora_.use_dora = config_.use_dora;
-      lora_.modules_to_save = config_.modules_to_save;
+      lora_ = requested_lora(config_);
       inject_lora(model_, lora_, static_cast<uint64_t>(config_.seed));
     }
     lora_.base_model_name_or_path = config_.model;
@@ -485,11 +493,13 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                           ? config.max_steps
                           : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.num_train_epochs * state.steps_per_epoch)));
 
+  // A resumed run must be the run the checkpoint came from: compare before touching anything.
+  state.fingerprint = run_fingerprint(config, config.train_type == "lora" ? requested_lora(config) : LoraConfig{},
+                                      state.total_steps);
+  if (!resume_dir.empty()) check_fingerprint(resume_state.value("fingerprint", Json::object()), state.fingerprint, resume_dir);
   Trainer trainer(config, model, resume_dir.empty() || config.train_type == "full" ? "" : resume_dir.string());
-  state.fingerprint = run_fingerprint(config, trainer.lora_config(), state.total_steps);
   fs::path run_dir;
   if (!resume_dir.empty()) {
-    check_fingerprint(resume_state.value("fingerprint", Json::object()), state.fingerprint, resume_dir);
     const auto opt = SafetensorsFile::open(resume_dir / "optimizer.safetensors");
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& info : opt->tensors()) tensors.emplace_back(info.name, opt->tensor(info.name));

@@ -62,6 +62,10 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
 };
 
+/// The adapter configuration a recipe asks for: config.adapters' adapter_config.json when set, else the lora_*
+/// keys. Throws like read_adapter_config.
+LoraConfig requested_lora(const TrainConfig& config);
+
 /// Where a finished (or stopped) run left its results.
 struct TrainResult {
   fs::path run_dir;
