@@ -8,6 +8,8 @@
 #include <sched.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 namespace swiftcpp {
@@ -21,6 +23,16 @@ int usable_cores() {
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+bool cpu_has_bf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+  }
+  return false;
 }
 
 void configure_allocator() {

@@ -19,6 +19,7 @@
 #include "core/json.h"
 #include "core/plot.h"
 #include "core/progress.h"
+#include "core/runtime.h"
 #include "data/pipeline.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
@@ -560,6 +561,10 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                      config.train_type, trainer.model()->config().model_type, trainable_count, state.total_steps,
                      state.steps_per_epoch, bs, ga);
   if (!resume_dir.empty()) out << fmt::format("resuming from {} at step {}\n", resume_dir.string(), state.global_step);
+  if (config.bf16 && device.is_cpu() && !cpu_has_bf16()) {
+    out << "warning: bf16 autocast on a CPU without bf16 instructions (no avx512_bf16 / amx_bf16): LibTorch's "
+           "bfloat16 matmuls fall back to scalar code, many times slower than float32; set bf16=false here\n";
+  }
 
   // Validation batches, built once.
   std::vector<Batch> val_batches;
