@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/text.h"
 #include "io/safetensors.h"
 
 namespace swiftcpp {
@@ -78,13 +79,6 @@ void unfreeze_saved(CausalLM& model, const std::vector<std::string>& names) {
       p.requires_grad_(true);
     }
   }
-}
-
-std::string list(const std::vector<std::string>& names, size_t limit = 8) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
-  return out;
 }
 
 }  // namespace
@@ -350,9 +344,9 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     std::string msg = fmt::format("{}: adapter does not fit the {} model ({} layers, hidden {}; adapter r {}, targets {})",
                                   weights_path.string(), model->config().model_type, model->config().num_hidden_layers,
                                   model->config().hidden_size, c.r, fmt::join(c.target_modules, ","));
-    if (!missing.empty()) msg += "\n  missing: " + list(missing);
-    if (!misshaped.empty()) msg += "\n  wrong shape: " + list(misshaped);
-    if (!unexpected.empty()) msg += "\n  unexpected: " + list(unexpected);
+    if (!missing.empty()) msg += "\n  missing: " + list_names(missing, 8);
+    if (!misshaped.empty()) msg += "\n  wrong shape: " + list_names(misshaped, 8);
+    if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected, 8);
     throw ModelError(msg);
   }
   at::NoGradGuard no_grad;

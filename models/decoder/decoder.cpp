@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 
@@ -220,12 +221,6 @@ bool ignorable(const std::string& name) {
   return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string list_names(const std::vector<std::string>& names, size_t limit = 12) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > limit) out += fmt::format(", ... ({} in all)", names.size());
-  return out;
-}
 }  // namespace
 
 void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin,

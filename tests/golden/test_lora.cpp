@@ -239,12 +239,15 @@ TEST(TrainParity, StoriesThreeLoraStepsMatchPeft) {
   for (int step = 0; step < 3; ++step) {
     const StepResult r = trainer.step({batch}, step, 3);
     const double want = ref["steps"][step]["loss"].get<double>();
-    std::cout << "[parity] stories step " << step + 1 << " loss " << r.loss << " (peft " << want << ") grad norm "
-              << r.grad_norm << " (peft " << ref["steps"][step]["grad_l2_norm_total"].get<double>() << ")" << std::endl;
+    std::cout << "[parity] stories step " << step + 1 << " loss " << r.loss << " (peft " << want << ", |diff| "
+              << std::abs(r.loss - want) << ") grad norm " << r.grad_norm << " (peft "
+              << ref["steps"][step]["grad_l2_norm_total"].get<double>() << ")" << std::endl;
     EXPECT_NEAR(r.loss, want, kLossTol);
     EXPECT_NEAR(r.grad_norm, ref["steps"][step]["grad_l2_norm_total"].get<double>(), 1e-4);
   }
   const auto [sum, tokens] = trainer.evaluate({batch});
+  std::cout << "[parity] stories loss after 3 steps |diff| " << std::abs(sum / tokens - ref["loss_after_step3"].get<double>())
+            << std::endl;
   EXPECT_NEAR(sum / tokens, ref["loss_after_step3"].get<double>(), kLossTol);
   const double rel = adapter_rel_error(trainer.trainables(), stories_ref() / "lora_after3");
   std::cout << "[parity] stories adapters after 3 steps: max relative error " << rel << std::endl;
@@ -258,8 +261,8 @@ TEST(TrainParity, TinyQwen2OneLoraStepMatchesPeft) {
   const fs::path model_dir = tiny_ref() / "tiny-qwen2";
   Trainer trainer(reference_config(model_dir.string(), tiny_ref() / "qwen2_lora_init"), load_causal_lm(model_dir));
   const StepResult r = trainer.step({batch}, 0, 1);
-  std::cout << "[parity] qwen2 loss " << r.loss << " (peft " << ref["loss_before"].get<double>() << ") grad norm "
-            << r.grad_norm << std::endl;
+  std::cout << "[parity] qwen2 loss " << r.loss << " (peft " << ref["loss_before"].get<double>() << ", |diff| "
+            << std::abs(r.loss - ref["loss_before"].get<double>()) << ") grad norm " << r.grad_norm << std::endl;
   EXPECT_NEAR(r.loss, ref["loss_before"].get<double>(), kLossTol);
   EXPECT_NEAR(r.grad_norm, ref["grad_l2_norm_total_step1"].get<double>(), 1e-5);
   const auto [sum, tokens] = trainer.evaluate({batch});
