@@ -148,22 +148,27 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def read_dims(model, cfg):
+    """Sets the Llama dimensions of config.json on `model`; rejects what the baselines do not implement."""
+    model.d = cfg["hidden_size"]
+    model.n_heads = cfg["num_attention_heads"]
+    model.n_kv = cfg.get("num_key_value_heads") or model.n_heads
+    model.head_dim = cfg.get("head_dim") or model.d // model.n_heads
+    model.group = model.n_heads // model.n_kv
+    model.eps = float(cfg["rms_norm_eps"])
+    model.vocab = cfg["vocab_size"]
+    model.n_layers = cfg["num_hidden_layers"]
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError("only hidden_act=silu is supported")
+    if cfg.get("rope_scaling"):
+        raise ValueError("rope_scaling is not supported by this baseline")
+
+
 class Llama:
     def __init__(self, cfg, w, single_row_mv=False):
         self.cfg = cfg
         self.single_row_mv = single_row_mv
-        self.d = cfg["hidden_size"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg.get("num_key_value_heads") or self.n_heads
-        self.head_dim = cfg.get("head_dim") or self.d // self.n_heads
-        self.group = self.n_heads // self.n_kv
-        self.eps = float(cfg["rms_norm_eps"])
-        self.vocab = cfg["vocab_size"]
-        self.n_layers = cfg["num_hidden_layers"]
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError("only hidden_act=silu is supported")
-        if cfg.get("rope_scaling"):
-            raise ValueError("rope_scaling is not supported by this baseline")
+        read_dims(self, cfg)
         self.embed = w.pop("model.embed_tokens.weight")
         self.layers = []
         for i in range(self.n_layers):

@@ -117,7 +117,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from baseline_infer import (load_checkpoint, load_safetensors, loaded_blas, peak_rss_mb,  # noqa: E402
-                            rms_norm, rotate_half)
+                            read_dims, rms_norm, rotate_half)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,18 +139,7 @@ class LoRALinear:
 class TrainLlama:
     def __init__(self, cfg, w, mode, adapter=None):
         self.cfg = cfg
-        self.d = cfg["hidden_size"]
-        self.n_heads = cfg["num_attention_heads"]
-        self.n_kv = cfg.get("num_key_value_heads") or self.n_heads
-        self.head_dim = cfg.get("head_dim") or self.d // self.n_heads
-        self.group = self.n_heads // self.n_kv
-        self.eps = float(cfg["rms_norm_eps"])
-        self.vocab = cfg["vocab_size"]
-        self.n_layers = cfg["num_hidden_layers"]
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError("only hidden_act=silu is supported")
-        if cfg.get("rope_scaling"):
-            raise ValueError("rope_scaling is not supported by this baseline")
+        read_dims(self, cfg)
         if cfg.get("attention_bias") or cfg.get("mlp_bias"):
             raise ValueError("attention_bias / mlp_bias are not supported by this baseline")
         full = mode == "full"

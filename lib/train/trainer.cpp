@@ -341,7 +341,7 @@ void check_fingerprint(const Json& saved, const Json& now, const fs::path& check
 void copy_model_files(const fs::path& from, const fs::path& to) {
   for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
                            "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                           "chat_template.jinja", "added_tokens.json"}) {
+                           "chat_template.jinja", "added_tokens.json", "LICENSE"}) {
     if (!fs::exists(from / name)) continue;
     std::error_code ec;
     fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, ec);
