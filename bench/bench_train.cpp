@@ -2,7 +2,7 @@
 // padded or packed batches. Follows the measurement contract at the top of bench/baseline_train.py (the PyTorch
 // eager baseline it is compared with) and writes the batches and LoRA init adapter that baseline reads.
 //
-//   build/bin/swiftcpp_bench_train --model bench/models/bench25m --mode lora --dtype float32 --batching packing \
+//   build/bin/swiftcpp_bench_train --model bench/models/bench25m --mode lora --dtype float32 --batching packing
 //       --batch 4 --seq 512 --warmup 3 --steps 10 --threads 2 --runs 3 --write-batches B.jsonl --write-init-adapter D
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>

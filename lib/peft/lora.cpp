@@ -37,11 +37,11 @@ std::vector<std::pair<std::string, nn::LinearImpl*>> linear_layers(CausalLM& mod
   return out;
 }
 
-nn::LinearImpl* linear_at(CausalLM& model, const std::string& path) {
-  for (auto& [p, linear] : linear_layers(model)) {
-    if (p == path) return linear;
-  }
-  return nullptr;
+// Linear layers by path, for lookups by the paths lora_target_paths returned.
+std::map<std::string, nn::LinearImpl*> linear_by_path(CausalLM& model) {
+  std::map<std::string, nn::LinearImpl*> out;
+  for (auto& [path, linear] : linear_layers(model)) out[path] = linear;
+  return out;
 }
 
 // Modules (any kind) whose path matches a modules_to_save entry.
@@ -116,9 +116,10 @@ void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   const auto paths = lora_target_paths(model, config.target_modules);
   freeze_base(model);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto linears = linear_by_path(model);
   at::NoGradGuard no_grad;
   for (const auto& path : paths) {
-    nn::LinearImpl* linear = linear_at(model, path);
+    nn::LinearImpl* linear = linears.at(path);
     const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
     auto lora = std::make_shared<nn::LoraWeights>();
     // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + 5) * fan_in)) = 1 / sqrt(fan_in).
@@ -318,8 +319,9 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     return t.to(options.device(), options.dtype().toScalarType()).clone();
   };
   std::vector<std::pair<nn::LinearImpl*, std::shared_ptr<nn::LoraWeights>>> attached;
+  const auto linears = linear_by_path(model);
   for (const auto& path : paths) {
-    nn::LinearImpl* linear = linear_at(model, path);
+    nn::LinearImpl* linear = linears.at(path);
     const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
     auto lora = std::make_shared<nn::LoraWeights>();
     lora->lora_A = take(kPrefix + path + ".lora_A.weight", {c.r, in});

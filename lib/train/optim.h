@@ -38,7 +38,6 @@ class AdamW {
 
   /// exp_avg.<name> / exp_avg_sq.<name> tensors plus the step count, for a checkpoint.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
-  int64_t state_steps() const { return steps_; }
   /// Restores what state() returned. Throws FormatError naming `origin` when a tensor is missing or misshaped.
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t steps,
                   const std::string& origin);

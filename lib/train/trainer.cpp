@@ -128,12 +128,6 @@ std::string dataset_path(const std::string& spec) {
   return hash == std::string::npos ? spec : spec.substr(0, hash);
 }
 
-std::string format_hms(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(seconds + 0.5);
-  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-}
-
 Json read_json_lines(const fs::path& file) {
   Json out = Json::array();
   if (!fs::exists(file)) return out;
@@ -205,7 +199,7 @@ int64_t Trainer::warmup_steps(int64_t total_steps) const {
   return static_cast<int64_t>(std::ceil(config_.warmup_ratio * static_cast<double>(total_steps)));
 }
 
-at::Tensor Trainer::forward_loss(const Batch& batch, int64_t* correct) {
+at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct) {
   const at::Device device = model_->device();
   ForwardOptions options;
   if (batch.position_ids.defined()) options.position_ids = batch.position_ids.to(device);
@@ -222,7 +216,8 @@ at::Tensor Trainer::forward_loss(const Batch& batch, int64_t* correct) {
   const at::Tensor loss = at::nll_loss(log_probs, targets, {}, at::Reduction::Sum);
   if (correct != nullptr) {
     at::NoGradGuard no_grad;
-    *correct += logits.argmax(-1).eq(targets).sum().item<int64_t>();
+    const at::Tensor hits = logits.argmax(-1).eq(targets).sum();
+    *correct = correct->defined() ? *correct + hits : hits;
   }
   return loss;
 }
@@ -236,8 +231,8 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
   }
   const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
   optimizer_->zero_grad();
-  double loss_sum = 0;
-  int64_t correct = 0;
+  // Loss and accuracy stay on the device until the step ends: one host sync per step, not per micro-batch.
+  at::Tensor loss_sum, correct;
   for (const auto& batch : micro_batches) {
     if (batch.label_tokens == 0) continue;
     at::Tensor loss;
@@ -246,10 +241,10 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
       loss = forward_loss(batch, &correct);
     }
     (loss / denominator).backward();
-    loss_sum += loss.item<double>();
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
-  r.loss = loss_sum / denominator;
-  r.token_acc = static_cast<double>(correct) / denominator;
+  r.loss = loss_sum.defined() ? loss_sum.item<double>() / denominator : 0.0;
+  r.token_acc = correct.defined() ? static_cast<double>(correct.item<int64_t>()) / denominator : 0.0;
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
   r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
                                  warmup_steps(total_steps), total_steps);
@@ -260,16 +255,17 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
 std::pair<double, int64_t> Trainer::evaluate(const std::vector<Batch>& batches) {
   model_->eval();
   at::NoGradGuard no_grad;
-  double sum = 0;
+  at::Tensor sum;
   int64_t tokens = 0;
   for (const auto& batch : batches) {
     if (batch.label_tokens == 0) continue;
     AutocastScope autocast(config_.bf16, model_->device());
-    sum += forward_loss(batch, nullptr).item<double>();
+    const at::Tensor loss = forward_loss(batch, nullptr);
+    sum = sum.defined() ? sum + loss : loss;
     tokens += batch.label_tokens;
   }
   model_->train();
-  return {sum, tokens};
+  return {sum.defined() ? sum.item<double>() : 0.0, tokens};
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -375,7 +371,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
   }
   if (!c.save_only_model) {
     const AdamW& opt = trainer.optimizer();
-    save_safetensors(tmp / "optimizer.safetensors", opt.state(), {{"step", std::to_string(opt.state_steps())}});
+    save_safetensors(tmp / "optimizer.safetensors", opt.state(), {{"step", std::to_string(opt.steps())}});
     auto generator = at::detail::getDefaultCPUGenerator();
     const at::Tensor rng = generator.get_state();
     save_safetensors(tmp / "rng_state.safetensors", {{"cpu", rng}});
@@ -383,7 +379,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
                {"total_steps", state.total_steps},
                {"steps_per_epoch", state.steps_per_epoch},
                {"epoch", static_cast<double>(state.global_step) / static_cast<double>(state.steps_per_epoch)},
-               {"optimizer_steps", opt.state_steps()},
+               {"optimizer_steps", opt.steps()},
                {"fingerprint", state.fingerprint}};
     write_file_atomic(tmp / "trainer_state.json", ts.dump(2) + "\n");
   }
@@ -589,7 +585,6 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   double train_seconds = 0;
   int64_t steps_done = 0;
   fs::path last_saved;
-  bool saved_at_end = false;
 
   const auto run_eval = [&](int64_t step) {
     if (val_batches.empty()) return;
@@ -651,8 +646,8 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                   {"global_step", global_step},
                   {"tokens_per_s", window_tokens / std::max(1e-9, window_seconds)},
                   {"memory_mib", peak_rss_mib()},
-                  {"elapsed_time", format_hms(elapsed())},
-                  {"remaining_time", format_hms(remaining)}});
+                  {"elapsed_time", format_duration(elapsed())},
+                  {"remaining_time", format_duration(remaining)}});
       window_loss = window_acc = window_tokens = window_seconds = 0;
       window_steps = 0;
     }
@@ -665,10 +660,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     if (global_step % eval_every == 0 || last_step) run_eval(global_step);
     if (global_step % config.save_steps == 0 || last_step || stopping) {
       last_saved = save_checkpoint(run_dir, trainer, state, args_json);
-      saved_at_end = true;
       progress.message(fmt::format("saved {}", last_saved.string()));
-    } else {
-      saved_at_end = false;
     }
     if (stopping && !last_step) {
       result.interrupted = true;
@@ -676,9 +668,6 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                                    last_saved.string()));
       break;
     }
-  }
-  if (!saved_at_end && state.global_step > 0 && last_saved.empty()) {
-    last_saved = save_checkpoint(run_dir, trainer, state, args_json);
   }
   progress.finish();
   result.global_step = state.global_step;
@@ -701,7 +690,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   write_loss_curve_svg(run_dir / "images" / "train_loss.svg", train_curve, eval_curve,
                        fmt::format("{} {} on {}", config.train_type, trainer.model()->config().model_type,
                                    fs::path(config.model).filename().string()));
-  out << fmt::format("done: {} steps in {}, last checkpoint {}\n", state.global_step, format_hms(elapsed()),
+  out << fmt::format("done: {} steps in {}, last checkpoint {}\n", state.global_step, format_duration(elapsed()),
                      result.last_checkpoint.string());
   return result;
 }

@@ -54,7 +54,9 @@ class Trainer {
   int64_t warmup_steps(int64_t total_steps) const;
 
  private:
-  at::Tensor forward_loss(const Batch& batch, int64_t* correct);
+  /// Summed token cross-entropy of one micro-batch (lm_head only where labels are); adds the count of
+  /// correctly ranked label tokens to `correct` (a device scalar) when given.
+  at::Tensor forward_loss(const Batch& batch, at::Tensor* correct);
 
   TrainConfig config_;
   CausalLM model_;
