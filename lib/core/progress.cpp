@@ -20,6 +20,7 @@ constexpr const char* kClearLine = "\r\x1b[K";
 
 // "loss 2.345 | eval_loss 2.1 | lr 1.00e-04 | grad_norm 0.8 | 1234 tok/s"
 std::string format_fields(const ProgressStats& stats) {
+  if (stats.fields) return *stats.fields;
   std::string s = fmt::format("loss {:.4g}", stats.loss);
   if (stats.eval_loss) s += fmt::format(" | eval_loss {:.4g}", *stats.eval_loss);
   s += fmt::format(" | lr {:.2e}", stats.learning_rate);
@@ -60,7 +61,7 @@ std::optional<double> estimate_eta(int64_t steps_so_far, double seconds_so_far, 
 
 std::string format_progress_line(int64_t step, int64_t total_steps, const ProgressStats& stats, double elapsed_s,
                                  std::optional<double> eta_s) {
-  return fmt::format("step {}/{} | {} | elapsed {} | eta {}", step, total_steps, format_fields(stats),
+  return fmt::format("{} {}/{} | {} | elapsed {} | eta {}", stats.unit, step, total_steps, format_fields(stats),
                      format_duration(elapsed_s), format_eta(eta_s));
 }
 

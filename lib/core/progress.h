@@ -21,6 +21,10 @@ struct ProgressStats {
   std::optional<double> elapsed_s;
   std::optional<double> eval_loss;
   std::optional<double> grad_norm;
+  /// When set, replaces the training fields (loss, lr, tok/s), e.g. "arc_easy | 12.5 items/s" for evaluation.
+  std::optional<std::string> fields;
+  /// What one step counts in the plain log line ("step 12/100", "item 12/100").
+  std::string unit = "step";
 };
 
 /// A clock in seconds from any fixed origin; only differences are used.

@@ -1,0 +1,248 @@
+// `swiftcpp eval`: standard benchmarks (MMLU, ARC, HellaSwag, GSM8K, perplexity, custom YAML tasks) scored the
+// way lm-evaluation-harness scores them, on a model with an optional adapter.
+#include <chrono>
+#include <ctime>
+#include <iostream>
+
+#include "apps/swiftcpp/commands.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/progress.h"
+#include "data/encode.h"
+#include "eval/evaluator.h"
+#include "models/decoder/decoder.h"
+#include "peft/lora.h"
+#include "template/template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp::app {
+
+namespace {
+
+struct EvalCliOptions {
+  std::string model;
+  std::string adapters;
+  std::string tasks;
+  std::string data_dir;
+  std::optional<int> num_fewshot;
+  std::optional<int64_t> limit;
+  int64_t batch_size = 8;
+  int64_t max_length = 0;
+  int64_t stride = 0;
+  std::optional<int64_t> max_new_tokens;
+  std::string add_bos = "auto";
+  bool apply_chat_template = false;
+  std::string chat_template;
+  std::string output_dir;
+  bool log_samples = false;
+  uint64_t seed = 1234;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+};
+
+std::vector<std::string> split_tasks(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    std::string t = list.substr(start, comma - start);
+    t.erase(0, t.find_first_not_of(' '));
+    t.erase(t.find_last_not_of(' ') + 1);
+    if (!t.empty()) out.push_back(t);
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buffer;
+}
+
+std::string safe_name(std::string s) {
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  }
+  return s;
+}
+
+int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> specs = split_tasks(o.tasks);
+  if (specs.empty()) fail<ConfigError>("--tasks is empty; built-in tasks: {}", fmt::join(eval::builtin_task_names(), ", "));
+  if (o.log_samples && o.output_dir.empty()) fail<ConfigError>("--log-samples needs --output-dir DIR");
+  if (o.add_bos != "auto" && o.add_bos != "true" && o.add_bos != "false") {
+    fail<ConfigError>("--add-bos must be auto, true or false, got '{}'", o.add_bos);
+  }
+  if (!o.chat_template.empty() && !o.apply_chat_template) fail<ConfigError>("--template needs --apply-chat-template");
+
+  // Read every task before loading the model, so bad data fails fast.
+  eval::TaskOptions task_options;
+  task_options.num_fewshot = o.num_fewshot;
+  task_options.limit = o.limit;
+  task_options.seed = o.seed;
+  for (const auto& spec : specs) eval::check_task_name(spec);
+  std::vector<eval::Task> tasks;
+  for (const auto& spec : specs) tasks.push_back(eval::load_task(spec, o.data_dir, task_options));
+  if (o.max_new_tokens) {
+    if (*o.max_new_tokens < 1) fail<ConfigError>("--max-new-tokens must be >= 1, got {}", *o.max_new_tokens);
+    for (auto& t : tasks) t.generation.max_new_tokens = *o.max_new_tokens;
+  }
+
+  LoadOptions load;
+  load.device = parse_device(o.device);
+  load.dtype = parse_dtype(o.dtype);
+  CausalLM model = load_causal_lm(o.model, load);
+  if (!o.adapters.empty()) {
+    const LoraConfig adapter = load_adapter(model, o.adapters);
+    std::cerr << fmt::format("[adapter {}: r {}, alpha {}{}]\n", o.adapters, adapter.r, adapter.lora_alpha,
+                             adapter.use_dora ? ", DoRA" : "");
+  }
+  model->eval();
+  auto tokenizer = load_tokenizer(o.model);
+
+  eval::EvalOptions options;
+  options.scorer.batch_size = o.batch_size;
+  options.scorer.max_length = o.max_length > 0 ? o.max_length : model->config().max_position_embeddings;
+  if (options.scorer.max_length <= 0) options.scorer.max_length = 2048;
+  if (o.add_bos != "auto") options.add_bos = o.add_bos == "true";
+  options.stride = o.stride;
+  options.log_samples = o.log_samples;
+  std::string template_name;
+  if (o.apply_chat_template) {
+    template_name = o.chat_template.empty() ? detect_chat_template(o.model) : o.chat_template;
+    if (template_name.empty()) {
+      fail<ConfigError>("--apply-chat-template: {} has no chat template (name one with --template)", o.model);
+    }
+    options.chat_template = chat_template_for(*tokenizer, template_name);
+  }
+  eval::Evaluator evaluator(model, tokenizer, options);
+
+  std::vector<eval::TaskResult> results;
+  const bool tty = stream_is_tty(stderr);
+  for (const auto& task : tasks) {
+    std::cerr << fmt::format("[{}: {} {} from {}{}]\n", task.name,
+                             task.kind == eval::TaskKind::kPerplexity ? task.documents.size()
+                             : task.kind == eval::TaskKind::kGeneration ? task.generation_items.size()
+                                                                        : task.choice_items.size(),
+                             task.kind == eval::TaskKind::kPerplexity ? "documents" : "items", task.source,
+                             task.num_fewshot > 0 ? fmt::format(", {}-shot", task.num_fewshot) : "");
+    std::unique_ptr<ProgressBar> bar;
+    const auto task_start = std::chrono::steady_clock::now();
+    auto progress = [&](int64_t done, int64_t total) {
+      if (!bar) {
+        bar = std::make_unique<ProgressBar>(std::max<int64_t>(total, 1), std::cerr, tty, std::max<int64_t>(total / 10, 1));
+        bar->set_line_width(terminal_columns(stderr));
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - task_start).count();
+      ProgressStats stats;
+      stats.unit = task.kind == eval::TaskKind::kPerplexity ? "window" : "item";
+      const char* unit = task.kind == eval::TaskKind::kPerplexity ? "windows" : "items";
+      stats.fields = fmt::format("{} | {:.2f} {}/s", task.name, done / std::max(s, 1e-9), unit);
+      bar->update(done, stats);
+    };
+    results.push_back(evaluator.run(task, progress));
+    if (bar) bar->finish();
+  }
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::cout << eval::results_markdown(results) << std::flush;
+  for (const auto& r : results) {
+    std::cerr << fmt::format("[{}: {} items, {} requests, {} tokens in {:.2f} s: {:.2f} items/s]\n", r.task, r.items,
+                             r.requests, r.tokens, r.seconds, r.items / std::max(r.seconds, 1e-9));
+  }
+
+  if (!o.output_dir.empty()) {
+    const fs::path dir = o.output_dir;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) fail<IoError>("cannot create --output-dir {}: {}", dir.string(), ec.message());
+    Json task_info = Json::array();
+    for (const auto& r : results) {
+      task_info.push_back({{"task", r.task},
+                           {"kind", eval::task_kind_name(r.kind)},
+                           {"source", r.source},
+                           {"fewshot_source", r.fewshot_source},
+                           {"num_fewshot", r.num_fewshot},
+                           {"items", r.items},
+                           {"requests", r.requests},
+                           {"tokens", r.tokens},
+                           {"seconds", r.seconds},
+                           {"items_per_s", r.items / std::max(r.seconds, 1e-9)}});
+    }
+    Json config = {{"model", o.model},
+                   {"adapters", o.adapters.empty() ? Json(nullptr) : Json(o.adapters)},
+                   {"tasks", specs},
+                   {"data_dir", o.data_dir},
+                   {"num_fewshot", o.num_fewshot ? Json(*o.num_fewshot) : Json(nullptr)},
+                   {"limit", o.limit ? Json(*o.limit) : Json(nullptr)},
+                   {"batch_size", o.batch_size},
+                   {"max_length", options.scorer.max_length},
+                   {"stride", o.stride},
+                   {"max_new_tokens", o.max_new_tokens ? Json(*o.max_new_tokens) : Json(nullptr)},
+                   {"add_bos", o.add_bos},
+                   {"chat_template", template_name.empty() ? Json(nullptr) : Json(template_name)},
+                   {"seed", o.seed},
+                   {"device", o.device},
+                   {"dtype", o.dtype}};
+    Json out = {{"results", eval::metrics_json(results)},
+                {"tasks", task_info},
+                {"config", config},
+                {"model", o.model},
+                {"adapter", o.adapters.empty() ? Json(nullptr) : Json(o.adapters)},
+                {"seed", o.seed},
+                {"date", utc_now()},
+                {"elapsed_s", elapsed},
+                {"swiftcpp_version", "0.1.0"},
+                {"command_line", argv}};
+    write_file_atomic(dir / "results.json", out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
+    if (o.log_samples) {
+      for (const auto& r : results) {
+        std::string text;
+        for (const auto& s : r.samples) text += s.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+        write_file_atomic(dir / ("samples_" + safe_name(r.task) + ".jsonl"), text);
+      }
+    }
+    std::cerr << fmt::format("[results written to {}]\n", (dir / "results.json").string());
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vector<std::string>& argv) {
+  auto o = std::make_shared<EvalCliOptions>();
+  CLI::App* cmd = root.add_subcommand("eval", "Evaluate a model on MMLU, ARC, HellaSwag, GSM8K, perplexity or custom tasks");
+  cmd->add_option("--model", o->model, "Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--adapters", o->adapters, "PEFT LoRA/DoRA adapter folder applied on top of the model")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--tasks", o->tasks,
+                  "Comma-separated: mmlu, mmlu_<subject>, arc_easy, arc_challenge, hellaswag, gsm8k, perplexity; "
+                  "NAME=PATH reads a task from PATH; FILE.yaml is a custom task")
+      ->required();
+  cmd->add_option("--data-dir", o->data_dir, "Folder holding the task data (docs/eval.md lists the layout)");
+  cmd->add_option("--num-fewshot", o->num_fewshot, "Few-shot examples (default: MMLU 5, GSM8K 5, others 0)");
+  cmd->add_option("--limit", o->limit, "Evaluate the first N items of each task (of each subject for MMLU)");
+  cmd->add_option("--batch-size", o->batch_size, "Items per forward (and prompts per generation batch)")
+      ->capture_default_str();
+  cmd->add_option("--max-length", o->max_length, "Model input length (default: max_position_embeddings)");
+  cmd->add_option("--stride", o->stride, "Perplexity window stride (default: max length, disjoint windows)");
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Generation tasks: tokens to generate at most (GSM8K: 256)");
+  cmd->add_option("--add-bos", o->add_bos, "auto (the tokenizer's setting), true or false")->capture_default_str();
+  cmd->add_flag("--apply-chat-template", o->apply_chat_template, "Pose each prompt as a user turn of the chat template");
+  cmd->add_option("--template", o->chat_template, "Chat template name for --apply-chat-template (default: the checkpoint's)");
+  cmd->add_option("--output-dir", o->output_dir, "Write results.json (and samples_<task>.jsonl) here");
+  cmd->add_flag("--log-samples", o->log_samples, "Write per-item records (prompt, choices, log-likelihoods, prediction)");
+  cmd->add_option("--seed", o->seed, "Seed of few-shot sampling where examples come from the evaluated split")
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();
+  return [o, argv]() { return run_eval(*o, argv); };
+}
+
+}  // namespace swiftcpp::app

@@ -1,0 +1,354 @@
+#include "eval/evaluator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "core/error.h"
+#include "infer/generate.h"
+#include "template/template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp::eval {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+std::vector<int64_t> to_int64(const std::vector<int>& ids) { return std::vector<int64_t>(ids.begin(), ids.end()); }
+
+MetricResult metric(const std::string& task, const std::string& name, const MeanStderr& m, int shots,
+                    const std::string& level = "task") {
+  return {task, name, m.mean, m.stderr_, m.n, shots, level};
+}
+
+}  // namespace
+
+Evaluator::Evaluator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer, EvalOptions options)
+    : model_(model), tokenizer_(std::move(tokenizer)), options_(std::move(options)), scorer_(model, options_.scorer) {
+  add_bos_ = options_.add_bos.value_or(tokenizer_->specials().add_bos) && tokenizer_->specials().bos.has_value();
+  if (options_.add_bos.value_or(false) && !tokenizer_->specials().bos) {
+    fail<ConfigError>("--add-bos: the tokenizer has no BOS token");
+  }
+  if (options_.stride < 0 || options_.stride > options_.scorer.max_length) {
+    fail<ConfigError>("--stride must be in [0, max length {}], got {}", options_.scorer.max_length, options_.stride);
+  }
+}
+
+std::vector<int64_t> Evaluator::encode(const std::string& text) const {
+  std::vector<int64_t> ids = to_int64(tokenizer_->encode_with_special_tokens(text));
+  if (add_bos_) {
+    const int64_t bos = *tokenizer_->specials().bos;
+    if (ids.empty() || ids.front() != bos) ids.insert(ids.begin(), bos);
+  }
+  return ids;
+}
+
+LoglikelihoodRequest Evaluator::encode_request(const std::string& context,
+                                               const std::vector<std::string>& continuations) const {
+  // lm-eval's pair encoding: trailing whitespace of the context moves to the continuation, the pair is encoded
+  // whole, and the continuation is whatever follows the length of the context's own encoding.
+  const size_t end = context.find_last_not_of(" \t\n\r\f\v");
+  const size_t keep = end == std::string::npos ? 0 : end + 1;
+  const std::string ctx = context.substr(0, keep), moved = context.substr(keep);
+  LoglikelihoodRequest request;
+  request.context = encode(ctx);
+  for (const auto& continuation : continuations) {
+    const std::vector<int64_t> whole = encode(ctx + moved + continuation);
+    const size_t split = std::min(request.context.size(), whole.size());
+    request.continuations.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(split), whole.end());
+  }
+  if (request.context.empty()) {
+    // lm-eval's prefix token for an empty context: BOS, else the end-of-text token.
+    if (tokenizer_->specials().bos) request.context.push_back(*tokenizer_->specials().bos);
+    else if (!tokenizer_->specials().eos.empty()) request.context.push_back(tokenizer_->specials().eos.front());
+    else fail<ConfigError>("an empty context needs a BOS or EOS token to start from; the tokenizer has neither");
+  }
+  return request;
+}
+
+std::string Evaluator::prompt_text(const std::string& context) const {
+  if (!options_.chat_template) return context;
+  return options_.chat_template->render_text({{"user", context, std::nullopt}}, true);
+}
+
+TaskResult Evaluator::run(const Task& task, const EvalProgress& progress) {
+  switch (task.kind) {
+    case TaskKind::kMultipleChoice: return run_choice(task, progress);
+    case TaskKind::kGeneration: return run_generation(task, progress);
+    case TaskKind::kPerplexity: return run_perplexity(task, progress);
+  }
+  fail<Error>("unknown task kind");
+}
+
+TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TaskResult r;
+  r.task = task.name;
+  r.kind = task.kind;
+  r.source = task.source;
+  r.fewshot_source = task.fewshot_source;
+  r.num_fewshot = task.num_fewshot;
+  r.items = static_cast<int64_t>(task.choice_items.size());
+  if (task.choice_items.empty()) fail<FormatError>("task {}: no items to evaluate in {}", task.name, task.source);
+
+  // One request per item: its context encoded once, each choice's continuation as lm-eval splits the pair.
+  std::vector<LoglikelihoodRequest> requests;
+  for (const ChoiceItem& item : task.choice_items) {
+    std::vector<std::string> continuations;
+    for (const auto& choice : item.choices) continuations.push_back(item.delimiter + choice);
+    requests.push_back(encode_request(prompt_text(item.context), continuations));
+    for (size_t j = 0; j < item.choices.size(); ++j) {
+      if (requests.back().continuations[j].empty()) {
+        fail<FormatError>("{}: the choice \"{}\" encodes to no tokens after its context", item.source, item.choices[j]);
+      }
+      r.tokens += static_cast<int64_t>(requests.back().continuations[j].size());
+    }
+    r.tokens += static_cast<int64_t>(requests.back().context.size());
+    r.requests += static_cast<int64_t>(item.choices.size());
+  }
+  const auto scores = scorer_.score(requests, [&](size_t done) {
+    if (progress) progress(static_cast<int64_t>(done), r.items);
+  });
+
+  std::vector<double> acc, acc_norm;
+  std::map<std::string, std::vector<double>> by_group;
+  for (size_t i = 0; i < task.choice_items.size(); ++i) {
+    const ChoiceItem& item = task.choice_items[i];
+    std::vector<double> lls;
+    for (const auto& s : scores[i]) lls.push_back(s.loglikelihood);
+    const ChoiceOutcome o = decide_choice(lls, item.choices, item.gold);
+    acc.push_back(o.correct ? 1.0 : 0.0);
+    acc_norm.push_back(o.correct_norm ? 1.0 : 0.0);
+    if (!item.group.empty()) by_group[item.group].push_back(o.correct ? 1.0 : 0.0);
+    if (options_.log_samples) {
+      Json greedy = Json::array();
+      for (const auto& s : scores[i]) greedy.push_back(s.greedy);
+      r.samples.push_back({{"doc_id", i},
+                           {"source", item.source},
+                           {"group", item.group},
+                           {"prompt", prompt_text(item.context)},
+                           {"choices", item.choices},
+                           {"delimiter", item.delimiter},
+                           {"loglikelihoods", lls},
+                           {"is_greedy", greedy},
+                           {"gold", item.gold},
+                           {"pred", o.pred},
+                           {"pred_norm", o.pred_norm},
+                           {"acc", o.correct ? 1 : 0},
+                           {"acc_norm", o.correct_norm ? 1 : 0}});
+    }
+  }
+  r.metrics.push_back(metric(task.name, "acc", mean_stderr(acc), task.num_fewshot));
+  if (by_group.empty()) {
+    r.metrics.push_back(metric(task.name, "acc_norm", mean_stderr(acc_norm), task.num_fewshot));
+  } else {
+    // MMLU: the task figure above is the mean over questions (lm-eval's size-weighted group mean); also the
+    // macro average over subjects, each category, and each subject.
+    std::vector<double> subject_means;
+    double var_sum = 0;
+    std::map<std::string, std::vector<double>> by_category;
+    std::vector<MetricResult> subjects;
+    for (const auto& [group, values] : by_group) {
+      const MeanStderr m = mean_stderr(values);
+      subject_means.push_back(m.mean);
+      var_sum += std::isfinite(m.stderr_) ? m.stderr_ * m.stderr_ : 0.0;
+      subjects.push_back(metric(task.name + "_" + group, "acc", m, task.num_fewshot, "subtask"));
+      const auto c = task.categories.find(group);
+      auto& bucket = by_category[c == task.categories.end() ? "other (unmapped)" : c->second];
+      bucket.insert(bucket.end(), values.begin(), values.end());
+    }
+    MeanStderr macro;
+    macro.n = static_cast<int64_t>(subject_means.size());
+    macro.mean = std::accumulate(subject_means.begin(), subject_means.end(), 0.0) / static_cast<double>(macro.n);
+    macro.stderr_ = std::sqrt(var_sum) / static_cast<double>(macro.n);
+    r.metrics.push_back(metric(task.name, "acc_macro", macro, task.num_fewshot));
+    for (const auto& [category, values] : by_category) {
+      std::string name = category;
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return c == ' ' ? '_' : std::tolower(c); });
+      r.metrics.push_back(metric(task.name + "_" + name, "acc", mean_stderr(values), task.num_fewshot, "group"));
+    }
+    r.metrics.insert(r.metrics.end(), subjects.begin(), subjects.end());
+  }
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TaskResult r;
+  r.task = task.name;
+  r.kind = task.kind;
+  r.source = task.source;
+  r.fewshot_source = task.fewshot_source;
+  r.num_fewshot = task.num_fewshot;
+  r.items = static_cast<int64_t>(task.generation_items.size());
+  if (task.generation_items.empty()) fail<FormatError>("task {}: no items to evaluate in {}", task.name, task.source);
+  const GenerationSpec& spec = task.generation;
+  const int64_t budget = options_.scorer.max_length - spec.max_new_tokens;
+  if (budget < 1) {
+    fail<ConfigError>("task {}: max length {} leaves no room for a prompt before {} new tokens", task.name,
+                      options_.scorer.max_length, spec.max_new_tokens);
+  }
+  // Prompts cut from the left to max_length - max_new_tokens tokens, as lm-eval does.
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& item : task.generation_items) {
+    std::vector<int64_t> ids = encode(prompt_text(item.context));
+    if (ids.empty()) fail<FormatError>("{}: the prompt encodes to no tokens", item.source);
+    if (static_cast<int64_t>(ids.size()) > budget) ids.erase(ids.begin(), ids.end() - budget);
+    r.tokens += static_cast<int64_t>(ids.size());
+    prompts.push_back(std::move(ids));
+  }
+  GenerationConfig config;
+  config.max_new_tokens = spec.max_new_tokens;
+  config.sampling.temperature = 0.0;
+  config.stop_strings = spec.stop;
+  for (int id : tokenizer_->specials().eos) config.eos_ids.push_back(id);
+  Generator generator(model_, tokenizer_);
+  std::vector<size_t> order(prompts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prompts[a].size() > prompts[b].size(); });
+  std::vector<GenerationResult> outputs(prompts.size());
+  const size_t B = static_cast<size_t>(options_.scorer.batch_size);
+  for (size_t start = 0; start < order.size(); start += B) {
+    const size_t end = std::min(order.size(), start + B);
+    std::vector<std::vector<int64_t>> batch;
+    for (size_t i = start; i < end; ++i) batch.push_back(prompts[order[i]]);
+    auto out = generator.generate(batch, config);
+    for (size_t i = start; i < end; ++i) {
+      r.tokens += static_cast<int64_t>(out[i - start].new_ids.size());
+      outputs[order[i]] = std::move(out[i - start]);
+    }
+    if (progress) progress(static_cast<int64_t>(end), r.items);
+  }
+  r.requests = r.items;
+
+  std::vector<std::vector<double>> scores(spec.filters.size());
+  for (size_t i = 0; i < task.generation_items.size(); ++i) {
+    const GenerationItem& item = task.generation_items[i];
+    const std::string reference = normalize_answer(item.target, spec.ignore_regexes, spec.ignore_case);
+    Json extracted = Json::object();
+    Json matched = Json::object();
+    for (size_t f = 0; f < spec.filters.size(); ++f) {
+      const std::string answer = extract_answer(outputs[i].text, spec.filters[f]);
+      const bool ok = normalize_answer(answer, spec.ignore_regexes, spec.ignore_case) == reference;
+      scores[f].push_back(ok ? 1.0 : 0.0);
+      extracted[spec.filters[f].name] = answer;
+      matched[spec.filters[f].name] = ok ? 1 : 0;
+    }
+    if (options_.log_samples) {
+      r.samples.push_back({{"doc_id", i},
+                           {"source", item.source},
+                           {"prompt", prompt_text(item.context)},
+                           {"response", outputs[i].text},
+                           {"finish_reason", outputs[i].finish_reason},
+                           {"target", item.target},
+                           {"extracted", extracted},
+                           {"exact_match", matched}});
+    }
+  }
+  for (size_t f = 0; f < spec.filters.size(); ++f) {
+    const std::string name = spec.filters[f].name == "none" ? "exact_match" : "exact_match," + spec.filters[f].name;
+    r.metrics.push_back(metric(task.name, name, mean_stderr(scores[f]), task.num_fewshot));
+  }
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+TaskResult Evaluator::run_perplexity(const Task& task, const EvalProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TaskResult r;
+  r.task = task.name;
+  r.kind = task.kind;
+  r.source = task.source;
+  r.items = static_cast<int64_t>(task.documents.size());
+  if (task.documents.empty()) fail<FormatError>("task {}: no documents in {}", task.name, task.source);
+  const int64_t L = options_.scorer.max_length;
+  const int64_t stride = options_.stride > 0 ? options_.stride : L;
+  // Each document is [prefix] + its tokens, the prefix (BOS, else EOS) predicting the first token, as lm-eval's
+  // loglikelihood_rolling does; windows of every document are scored together.
+  int64_t prefix = -1;
+  if (tokenizer_->specials().bos) prefix = *tokenizer_->specials().bos;
+  else if (!tokenizer_->specials().eos.empty()) prefix = tokenizer_->specials().eos.front();
+  else fail<ConfigError>("perplexity needs a BOS or EOS token to predict a document's first token from");
+  std::vector<LoglikelihoodRequest> windows;
+  std::vector<size_t> owner;
+  PerplexityStats total;
+  std::vector<PerplexityStats> per_doc(task.documents.size());
+  for (size_t d = 0; d < task.documents.size(); ++d) {
+    std::vector<int64_t> tokens = to_int64(tokenizer_->encode(task.documents[d].text));
+    tokens.insert(tokens.begin(), prefix);
+    per_doc[d].tokens = static_cast<int64_t>(tokens.size()) - 1;
+    per_doc[d].words = count_words(task.documents[d].text);
+    per_doc[d].bytes = static_cast<int64_t>(task.documents[d].text.size());
+    for (auto& w : rolling_windows(tokens, L, stride)) {
+      r.tokens += static_cast<int64_t>(w.context.size() + w.continuations[0].size() - 1);
+      windows.push_back(std::move(w));
+      owner.push_back(d);
+    }
+  }
+  r.requests = static_cast<int64_t>(windows.size());
+  const auto scores = scorer_.score(windows, [&](size_t done) {
+    if (progress) progress(static_cast<int64_t>(done), static_cast<int64_t>(windows.size()));
+  });
+  for (size_t w = 0; w < windows.size(); ++w) per_doc[owner[w]].loglikelihood += scores[w][0].loglikelihood;
+  for (size_t d = 0; d < per_doc.size(); ++d) {
+    total.loglikelihood += per_doc[d].loglikelihood;
+    total.tokens += per_doc[d].tokens;
+    total.words += per_doc[d].words;
+    total.bytes += per_doc[d].bytes;
+    if (options_.log_samples) {
+      r.samples.push_back({{"doc_id", d},
+                           {"source", task.documents[d].source},
+                           {"loglikelihood", per_doc[d].loglikelihood},
+                           {"tokens", per_doc[d].tokens},
+                           {"words", per_doc[d].words},
+                           {"bytes", per_doc[d].bytes}});
+    }
+  }
+  const int64_t n = r.items;
+  const double nan = std::nan("");
+  r.metrics.push_back({task.name, "word_perplexity", total.word_perplexity(), nan, n, 0, "task"});
+  r.metrics.push_back({task.name, "byte_perplexity", total.byte_perplexity(), nan, n, 0, "task"});
+  r.metrics.push_back({task.name, "bits_per_byte", total.bits_per_byte(), nan, n, 0, "task"});
+  r.metrics.push_back({task.name, "token_perplexity", total.token_perplexity(), nan, n, 0, "task"});
+  r.metrics.push_back({task.name, "nll_per_token", -total.loglikelihood / static_cast<double>(total.tokens), nan, n, 0, "task"});
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+std::string results_markdown(const std::vector<TaskResult>& results) {
+  std::string out = "| Task | Metric | Value | Stderr | n | Shots |\n|---|---|---:|---:|---:|---:|\n";
+  for (const auto& r : results) {
+    for (const auto& m : r.metrics) {
+      const std::string name = m.level == "task" ? m.task : (m.level == "group" ? " - " : "    - ") + m.task;
+      out += fmt::format("| {} | {} | {:.4f} | {} | {} | {} |\n", name, m.metric, m.value,
+                         std::isfinite(m.stderr_) ? fmt::format("{:.4f}", m.stderr_) : "N/A", m.n, m.num_fewshot);
+    }
+  }
+  return out;
+}
+
+Json metrics_json(const std::vector<TaskResult>& results) {
+  Json out = Json::array();
+  for (const auto& r : results) {
+    for (const auto& m : r.metrics) {
+      out.push_back({{"task", m.task},
+                     {"metric", m.metric},
+                     {"value", number_or_null(m.value)},
+                     {"stderr", number_or_null(m.stderr_)},
+                     {"n", m.n},
+                     {"num_fewshot", m.num_fewshot},
+                     {"level", m.level}});
+    }
+  }
+  return out;
+}
+
+}  // namespace swiftcpp::eval

@@ -1,0 +1,95 @@
+// Runs evaluation tasks on a model: prompts tokenised the way lm-evaluation-harness does, multiple choice scored
+// by log-likelihood, generation tasks by greedy decoding and answer extraction, perplexity by rolling windows;
+// results with standard errors, per-sample records, and the results JSON and markdown table.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "eval/metrics.h"
+#include "eval/scorer.h"
+#include "eval/tasks.h"
+#include "models/decoder/decoder.h"
+
+namespace swiftcpp {
+class TextTokenizer;
+class ChatTemplate;
+}  // namespace swiftcpp
+
+namespace swiftcpp::eval {
+
+struct EvalOptions {
+  ScorerOptions scorer;           // batch size (also for generation) and model input length
+  std::optional<bool> add_bos;    // unset: the tokenizer's own setting (tokenizer_config.json add_bos_token)
+  std::shared_ptr<const ChatTemplate> chat_template;  // set: each prompt is one user turn of this template
+  int64_t stride = 0;             // perplexity window stride; 0: max_length (lm-eval's disjoint windows)
+  bool log_samples = false;       // keep a JSON record per item
+};
+
+/// One reported number. `level` is "task", "group" (MMLU category or the macro average) or "subtask" (subject).
+struct MetricResult {
+  std::string task;
+  std::string metric;
+  double value = 0;
+  double stderr_ = 0;  // NaN where undefined (perplexities, fewer than two items)
+  int64_t n = 0;
+  int num_fewshot = 0;
+  std::string level = "task";
+};
+
+struct TaskResult {
+  std::string task;
+  TaskKind kind = TaskKind::kMultipleChoice;
+  std::string source;
+  std::string fewshot_source;
+  int num_fewshot = 0;
+  int64_t items = 0;
+  int64_t requests = 0;  // continuations scored, or generations, or windows
+  int64_t tokens = 0;    // tokens the model read (contexts once each, continuations once each)
+  double seconds = 0;    // tokenisation + model time
+  std::vector<MetricResult> metrics;
+  std::vector<Json> samples;  // with log_samples
+};
+
+/// Called with (items done, items in the task) while a task runs.
+using EvalProgress = std::function<void(int64_t, int64_t)>;
+
+class Evaluator {
+ public:
+  /// Throws ConfigError on bad options.
+  Evaluator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer, EvalOptions options);
+
+  /// Runs one task. Throws ConfigError / FormatError on requests the model cannot take.
+  TaskResult run(const Task& task, const EvalProgress& progress = {});
+
+  /// lm-eval's tokenisation of (context, continuation) pairs sharing a context: trailing whitespace of the
+  /// context moves to the continuations, each pair is encoded whole and its continuation is what follows the
+  /// length of the context's own encoding. An empty context becomes BOS (else EOS). Throws ConfigError when it
+  /// is empty and the tokenizer has neither.
+  LoglikelihoodRequest encode_request(const std::string& context, const std::vector<std::string>& continuations) const;
+  /// Text -> ids: special-token strings parsed, BOS first when add_bos (once, even when the text writes it).
+  std::vector<int64_t> encode(const std::string& text) const;
+
+ private:
+  TaskResult run_choice(const Task& task, const EvalProgress& progress);
+  TaskResult run_generation(const Task& task, const EvalProgress& progress);
+  TaskResult run_perplexity(const Task& task, const EvalProgress& progress);
+  std::string prompt_text(const std::string& context) const;  // the chat template applied when set
+
+  CausalLM model_;
+  std::shared_ptr<const TextTokenizer> tokenizer_;
+  EvalOptions options_;
+  Scorer scorer_;
+  bool add_bos_ = true;
+};
+
+/// The markdown table of a run's metrics: | Task | Metric | Value | Stderr | n | Shots |, subjects indented.
+std::string results_markdown(const std::vector<TaskResult>& results);
+
+/// The metrics of a run as JSON records {task, metric, value, stderr, n, num_fewshot, level} (NaN -> null).
+Json metrics_json(const std::vector<TaskResult>& results);
+
+}  // namespace swiftcpp::eval

@@ -1,0 +1,62 @@
+// Batched log-likelihood scoring: log P(continuation | context) for many (context, continuations) requests, with
+// each context run through the model once and its K/V shared by all of its continuations.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "models/decoder/decoder.h"
+
+namespace swiftcpp::eval {
+
+/// One context and the continuations scored after it (lm-eval's loglikelihood requests sharing a context).
+struct LoglikelihoodRequest {
+  std::vector<int64_t> context;                     // at least one token (BOS or a prefix token for empty text)
+  std::vector<std::vector<int64_t>> continuations;  // each at least one token
+};
+
+/// Score of one continuation: the sum of its tokens' log-probabilities (natural log, accumulated in float64) and
+/// whether greedy decoding would have produced it (lm-eval's is_greedy).
+struct ContinuationScore {
+  double loglikelihood = 0;
+  bool greedy = true;
+};
+
+struct ScorerOptions {
+  int64_t batch_size = 8;    // requests per forward
+  int64_t max_length = 2048; // model input length; longer contexts lose their oldest tokens (as lm-eval does)
+};
+
+class Scorer {
+ public:
+  /// Throws ConfigError when batch_size or max_length is not positive.
+  Scorer(CausalLM model, ScorerOptions options);
+
+  /// Scores every request; results[i][j] belongs to requests[i].continuations[j]. Requests are run longest first
+  /// in batches of batch_size: contexts left-padded in one forward that fills a K/V cache, then every continuation
+  /// longer than one token in a second forward over that cache, with the lm_head applied only at the positions
+  /// scored. A context is cut from the left so that context + longest continuation - 1 fits max_length.
+  /// `on_progress(done)` is called after each batch with the number of requests finished. Throws ConfigError for
+  /// an empty context or continuation, an id outside the vocabulary, or a continuation longer than max_length.
+  std::vector<std::vector<ContinuationScore>> score(const std::vector<LoglikelihoodRequest>& requests,
+                                                    const std::function<void(size_t)>& on_progress = {});
+
+  const ScorerOptions& options() const { return options_; }
+
+ private:
+  void score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
+                   std::vector<std::vector<ContinuationScore>*>& out);
+
+  CausalLM model_;
+  ScorerOptions options_;
+};
+
+/// The token windows that score a whole document the way lm-eval's loglikelihood_rolling does when
+/// `stride == max_length` (disjoint windows, each predicted token seeing the rest of its window) and the way the
+/// Hugging Face perplexity guide does for smaller strides (each window re-reads max_length - stride tokens of the
+/// previous one). `tokens[0]` (BOS, or the document's first token) is context only; every later token is predicted
+/// exactly once. Throws ConfigError when stride is not in [1, max_length].
+std::vector<LoglikelihoodRequest> rolling_windows(const std::vector<int64_t>& tokens, int64_t max_length, int64_t stride);
+
+}  // namespace swiftcpp::eval
