@@ -36,6 +36,7 @@ struct EvalCliOptions {
   std::string chat_template;
   std::string output_dir;
   bool log_samples = false;
+  std::string dump_requests;
   uint64_t seed = 1234;
   std::string device = "cpu";
   std::string dtype = "float32";
@@ -113,6 +114,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   if (o.add_bos != "auto") options.add_bos = o.add_bos == "true";
   options.stride = o.stride;
   options.log_samples = o.log_samples;
+  options.keep_requests = !o.dump_requests.empty();
   std::string template_name;
   if (o.apply_chat_template) {
     template_name = o.chat_template.empty() ? detect_chat_template(o.model) : o.chat_template;
@@ -153,10 +155,18 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
 
   std::cout << eval::results_markdown(results) << std::flush;
   for (const auto& r : results) {
-    std::cerr << fmt::format("[{}: {} items, {} requests, {} tokens in {:.2f} s: {:.2f} items/s]\n", r.task, r.items,
-                             r.requests, r.tokens, r.seconds, r.items / std::max(r.seconds, 1e-9));
+    std::cerr << fmt::format("[{}: {} items, {} requests, {} tokens in {:.2f} s ({:.2f} s tokenising): {:.2f} items/s]\n",
+                             r.task, r.items, r.requests, r.tokens, r.seconds, r.encode_seconds,
+                             r.items / std::max(r.seconds, 1e-9));
   }
 
+  if (!o.dump_requests.empty()) {
+    std::string text;
+    for (const auto& r : results) {
+      for (const auto& q : r.scored) text += Json({{"task", r.task}, {"context", q.context}, {"continuations", q.continuations}}).dump() + "\n";
+    }
+    write_file_atomic(o.dump_requests, text);
+  }
   if (!o.output_dir.empty()) {
     const fs::path dir = o.output_dir;
     std::error_code ec;
@@ -173,6 +183,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                            {"requests", r.requests},
                            {"tokens", r.tokens},
                            {"seconds", r.seconds},
+                           {"encode_seconds", r.encode_seconds},
                            {"items_per_s", r.items / std::max(r.seconds, 1e-9)}});
     }
     Json config = {{"model", o.model},
@@ -238,6 +249,8 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
   cmd->add_option("--template", o->chat_template, "Chat template name for --apply-chat-template (default: the checkpoint's)");
   cmd->add_option("--output-dir", o->output_dir, "Write results.json (and samples_<task>.jsonl) here");
   cmd->add_flag("--log-samples", o->log_samples, "Write per-item records (prompt, choices, log-likelihoods, prediction)");
+  cmd->add_option("--dump-requests", o->dump_requests,
+                  "Write the token ids of every multiple-choice item scored (JSON Lines: task, context, continuations)");
   cmd->add_option("--seed", o->seed, "Seed of few-shot sampling where examples come from the evaluated split")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();

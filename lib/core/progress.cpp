@@ -96,6 +96,7 @@ ProgressBar::~ProgressBar() {
 
 void ProgressBar::update(int64_t step, const ProgressStats& stats) {
   const double now = clock_();
+  const int64_t previous = last_ ? last_->step : step - 1;
   last_ = Snapshot{step, stats, now};
   if (!first_) first_ = last_;
   last_shown_ = false;
@@ -104,7 +105,9 @@ void ProgressBar::update(int64_t step, const ProgressStats& stats) {
   if (tty_) {
     show = !bar_on_screen_ || last_step || now - last_draw_time_ >= kRedrawInterval;
   } else {
-    show = last_step || step % log_every_ == 0;
+    // Steps may advance by more than one (a batch of items): print when a multiple of log_every is reached or
+    // passed since the previous update.
+    show = last_step || step / log_every_ > previous / log_every_;
   }
   if (show) draw(*last_);
 }

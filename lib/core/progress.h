@@ -61,7 +61,8 @@ std::string format_progress_bar(int64_t step, int64_t total_steps, const Progres
 
 /// Reports training progress to a stream. On a terminal it redraws one line in place ("\r" + clear to end of
 /// line), at most every kRedrawInterval seconds except for the first update, the last step and the first update
-/// after message(); elsewhere it prints format_progress_line() every `log_every` steps and on the last step.
+/// after message(); elsewhere it prints format_progress_line() on the last step and whenever an update reaches or
+/// passes a multiple of `log_every` (updates may advance by several steps, e.g. a batch of evaluation items).
 /// The ETA is the average time per step since the first update times the steps left ("?" until two updates).
 /// The stream must outlive the bar.
 class ProgressBar {

@@ -113,6 +113,7 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
     r.tokens += static_cast<int64_t>(requests.back().context.size());
     r.requests += static_cast<int64_t>(item.choices.size());
   }
+  r.encode_seconds = seconds_since(t0);
   const auto scores = scorer_.score(requests, [&](size_t done) {
     if (progress) progress(static_cast<int64_t>(done), r.items);
   });
@@ -145,6 +146,7 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
                            {"acc_norm", o.correct_norm ? 1 : 0}});
     }
   }
+  if (options_.keep_requests) r.scored = std::move(requests);
   r.metrics.push_back(metric(task.name, "acc", mean_stderr(acc), task.num_fewshot));
   if (by_group.empty()) {
     r.metrics.push_back(metric(task.name, "acc_norm", mean_stderr(acc_norm), task.num_fewshot));
@@ -205,6 +207,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
     r.tokens += static_cast<int64_t>(ids.size());
     prompts.push_back(std::move(ids));
   }
+  r.encode_seconds = seconds_since(t0);
   GenerationConfig config;
   config.max_new_tokens = spec.max_new_tokens;
   config.sampling.temperature = 0.0;
@@ -294,6 +297,7 @@ TaskResult Evaluator::run_perplexity(const Task& task, const EvalProgress& progr
     }
   }
   r.requests = static_cast<int64_t>(windows.size());
+  r.encode_seconds = seconds_since(t0);
   const auto scores = scorer_.score(windows, [&](size_t done) {
     if (progress) progress(static_cast<int64_t>(done), static_cast<int64_t>(windows.size()));
   });

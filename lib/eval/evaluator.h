@@ -27,6 +27,7 @@ struct EvalOptions {
   std::shared_ptr<const ChatTemplate> chat_template;  // set: each prompt is one user turn of this template
   int64_t stride = 0;             // perplexity window stride; 0: max_length (lm-eval's disjoint windows)
   bool log_samples = false;       // keep a JSON record per item
+  bool keep_requests = false;     // keep the multiple-choice requests' token ids (for baselines and debugging)
 };
 
 /// One reported number. `level` is "task", "group" (MMLU category or the macro average) or "subtask" (subject).
@@ -49,9 +50,11 @@ struct TaskResult {
   int64_t items = 0;
   int64_t requests = 0;  // continuations scored, or generations, or windows
   int64_t tokens = 0;    // tokens the model read (contexts once each, continuations once each)
-  double seconds = 0;    // tokenisation + model time
+  double seconds = 0;         // tokenisation + model time
+  double encode_seconds = 0;  // tokenisation alone
   std::vector<MetricResult> metrics;
   std::vector<Json> samples;  // with log_samples
+  std::vector<LoglikelihoodRequest> scored;  // with keep_requests: the token ids scored (multiple choice)
 };
 
 /// Called with (items done, items in the task) while a task runs.

@@ -108,6 +108,29 @@ TEST(EvalCli, AdapterChangesTheModelScored) {
   EXPECT_GT(std::abs(a - b), 1e-3 * a) << a << " vs " << b;
 }
 
+// --apply-chat-template poses each prompt as one user turn; the choices follow the generation prompt.
+TEST(EvalCli, ChatTemplatePrompts) {
+  const fs::path data = assets() / "data/eval";
+  SWIFTCPP_REQUIRE_SHARED(data);
+  const fs::path dir = temp_dir("eval_cli_chat");
+  const auto r = run_cli("--threads 1 eval --model " + stories() + " --tasks arc_easy --data-dir " + data.string() +
+                         " --limit 2 --apply-chat-template --template chatml --log-samples --output-dir " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream samples(dir / "samples_arc_easy.jsonl");
+  std::string line;
+  std::getline(samples, line);
+  const std::string prompt = parse_json(line, "sample").at("prompt").get<std::string>();
+  EXPECT_EQ(prompt.rfind("<|im_start|>user\nQuestion: ", 0), 0u) << prompt;
+  const std::string tail = "\nAnswer:<|im_end|>\n<|im_start|>assistant\n";
+  ASSERT_GT(prompt.size(), tail.size());
+  EXPECT_EQ(prompt.substr(prompt.size() - tail.size()), tail) << prompt;
+  EXPECT_EQ(load_json_file(dir / "results.json").at("config").at("chat_template"), "chatml");
+  const auto bad = run_cli("eval --model " + stories() + " --tasks arc_easy --data-dir " + data.string() +
+                           " --apply-chat-template");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("has no chat template"), std::string::npos) << bad.out;
+}
+
 TEST(EvalCli, BadInputExitsWithAClearMessage) {
   const fs::path dir = temp_dir("eval_cli_bad");
   auto run = [&](const std::string& tasks) {

@@ -116,6 +116,28 @@ TEST(Progress, PlainLogEveryAndLastStep) {
   EXPECT_EQ(out.str().find('\x1b'), std::string::npos);
 }
 
+// Updates that advance by several steps (batches of evaluation items) print when they pass a multiple of
+// log_every, not only when they land on one; custom fields and unit replace the training ones.
+TEST(Progress, PlainLogEveryWithJumpingSteps) {
+  FakeClock clock;
+  std::ostringstream out;
+  ProgressBar bar(100, out, /*tty=*/false, /*log_every=*/10, clock.fn());
+  ProgressStats s;
+  s.unit = "item";
+  s.fields = "arc_easy | 8.00 items/s";
+  for (int step = 8; step <= 100; step += 8) {
+    clock.now += 1.0;
+    bar.update(step, s);
+  }
+  bar.update(100, s);
+  bar.finish();
+  const auto got = lines(out.str());
+  ASSERT_EQ(got.size(), 10u);  // passing 10, 20, ..., 90 and the last step
+  EXPECT_EQ(got[0].rfind("item 16/100 | arc_easy | 8.00 items/s | elapsed", 0), 0u) << got[0];
+  EXPECT_EQ(got[1].rfind("item 24/100 |", 0), 0u) << got[1];
+  EXPECT_EQ(got[9].rfind("item 100/100 |", 0), 0u) << got[9];
+}
+
 TEST(Progress, PlainExampleLineAndLastStepOffGrid) {
   FakeClock clock;
   std::ostringstream out;
