@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Markdown report for bench/run_eval.sh: swiftcpp eval vs the PyTorch eager (lm-eval method) baseline on MMLU.
 
-Usage: report_eval.py --command "CMD" --run SWIFTCPP_DIR TIME_LOG BASELINE.json [--run ...]
+Usage: report_eval.py --command "CMD" [--task mmlu] --run SWIFTCPP_DIR TIME_LOG BASELINE.json [--run ...]
 One --run per benchmark run. SWIFTCPP_DIR is a `swiftcpp eval --output-dir` folder (results.json with the task
-"mmlu": items, requests, tokens, seconds, encode_seconds; samples_mmlu.jsonl with "loglikelihoods" per item, in
-item order); TIME_LOG is the stderr of `/usr/bin/time -v` around it ("-" = none, peak RSS n/a); BASELINE.json is
+(--task, default mmlu): items, requests, tokens, seconds, encode_seconds, num_fewshot; samples_<task>.jsonl with
+"loglikelihoods" per item, in item order); TIME_LOG is the stderr of `/usr/bin/time -v` around it ("-" = none, peak RSS n/a); BASELINE.json is
 the output of bench/baseline_eval.py (its last line that parses as a JSON object).
 swiftcpp items/s: total = items / seconds (tokenisation + model), model only = items / (seconds - encode_seconds).
 The baseline gets token ids and does no tokenisation, so model only / baseline is the like-for-like ratio.
@@ -25,7 +25,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import blas_line, cpu_model, fmt_rate, load_result, ratio  # noqa: E402
 
-TASK = "mmlu"
 LL_TOL = 1e-3
 
 
@@ -46,18 +45,18 @@ def fmt_num(x, fmt="%.0f"):
     return fmt % x if isinstance(x, (int, float)) else "n/a"
 
 
-def load_swiftcpp(folder):
+def load_swiftcpp(folder, task_name):
     path = os.path.join(folder, "results.json")
     with open(path) as fh:
         res = json.load(fh)
-    task = next((t for t in res.get("tasks", []) if t.get("task") == TASK), None)
+    task = next((t for t in res.get("tasks", []) if t.get("task") == task_name), None)
     if task is None:
-        raise SystemExit("%s: no task %r in \"tasks\"" % (path, TASK))
+        raise SystemExit("%s: no task %r in \"tasks\"" % (path, task_name))
     for key in ("items", "seconds", "encode_seconds"):
         if not isinstance(task.get(key), (int, float)):
-            raise SystemExit("%s: task %s lacks %r" % (path, TASK, key))
+            raise SystemExit("%s: task %s lacks %r" % (path, task_name, key))
     lls = []
-    spath = os.path.join(folder, "samples_%s.jsonl" % TASK)
+    spath = os.path.join(folder, "samples_%s.jsonl" % task_name)
     if os.path.exists(spath):
         with open(spath) as fh:
             for ln in fh:
@@ -97,13 +96,14 @@ def ll_diff(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--command", default="bash bench/run_eval.sh")
+    ap.add_argument("--task", default="mmlu", help="the task of results.json to report (default: mmlu)")
     ap.add_argument("--run", nargs=3, action="append", required=True,
                     metavar=("SWIFTCPP_DIR", "TIME_LOG", "BASELINE"))
     args = ap.parse_args()
 
     runs = []
     for sdir, tlog, bpath in args.run:
-        res, task, lls = load_swiftcpp(sdir)
+        res, task, lls = load_swiftcpp(sdir, args.task)
         runs.append({"res": res, "task": task, "lls": lls, "rss": time_rss_mb(tlog), "b": load_result(bpath)})
 
     warnings = []
@@ -121,22 +121,21 @@ def main():
             warnings.append("WARNING: swiftcpp scored %s items, the baseline %s" % (t["items"], b.get("items")))
         if t.get("requests") is not None and b.get("requests") is not None and t["requests"] != b["requests"]:
             warnings.append("WARNING: swiftcpp scored %s requests, the baseline %s" % (t["requests"], b["requests"]))
-    settings = runs[0]["res"].get("settings") or {}
     blas = sorted({lib for r in runs for lib in r["b"].get("blas") or []})
     if blas and not any("openblas" in lib.lower() for lib in blas):
         warnings.append("WARNING: PyTorch did not load OpenBLAS (BENCHMARKS.md requires it)")
 
     out = []
-    out.append("Evaluation benchmark (MMLU), %s UTC" % datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"))
+    out.append("Evaluation benchmark (%s), %s UTC"
+               % (args.task, datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
     out.append("")
     out.append("- Machine: %s, %d cores, BLAS %s" % (cpu_model(), os.cpu_count() or 0, blas_line()))
     out.append("- Command: `%s`" % args.command)
     model = os.path.basename(os.path.normpath(str(b0.get("model", "?"))))
-    out.append("- Settings: model %s, MMLU %s-shot, %s items (%s requests, %s prompt + answer tokens), batch %s, "
+    out.append("- Settings: model %s, %s-shot, %s items (%s requests, %s prompt + answer tokens), batch %s, "
                "%s threads, float32; items/s = median [min-max] over %d run(s), each a fresh process"
-               % (model, settings.get("num_fewshot", 5) if not isinstance(settings.get("num_fewshot"), dict) else 5,
-                  t0["items"], t0.get("requests", "?"), t0.get("tokens", "?"), b0.get("batch_size", "?"),
-                  b0.get("threads", "?"), len(runs)))
+               % (model, t0.get("num_fewshot", "?"), t0["items"], t0.get("requests", "?"), t0.get("tokens", "?"),
+                  b0.get("batch_size", "?"), b0.get("threads", "?"), len(runs)))
     out.append("- PyTorch %s, eager, lm-eval's Hugging Face method: one full forward per distinct context "
                "(%s rows, %s tokens, %s with right padding), log_softmax over the vocabulary at every position; "
                "BLAS %s" % (b0.get("torch_version", "?"), b0.get("rows", "?"), b0.get("tokens", "?"),
@@ -145,7 +144,7 @@ def main():
     out.append("| program | items/s | vs PyTorch | peak RSS MB |")
     out.append("|---|---|---|---|")
     out.append("| swiftcpp eval, total (tokenisation %s%% of its time) | %s | %s | %s |"
-               % (fmt_num(100 * enc_share["median"]) if enc_share else "n/a", fmt_stats(sw_total),
+               % (fmt_num(100 * enc_share["median"], "%.1f") if enc_share else "n/a", fmt_stats(sw_total),
                   ratio(sw_total and sw_total["median"], base and base["median"]),
                   fmt_num(sw_rss and sw_rss["median"])))
     out.append("| swiftcpp eval, model only | %s | %s | |"

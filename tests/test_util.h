@@ -63,6 +63,25 @@ inline at::Tensor json_to_tensor(const Json& j) {
   return at::tensor(flat, at::kDouble).view(shape);
 }
 
+/// Runs `f`, expects it to throw exactly E (not merely another swiftcpp::Error) and the message to contain
+/// every one of `needles`.
+template <typename E>
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+  } catch (const E& e) {
+    const std::string message = e.what();
+    for (const auto& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "message lacks '" << needle << "': " << message;
+    }
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no exception thrown";
+}
+
 /// Exit code and combined stdout/stderr of the swiftcpp binary run with `args` (a shell fragment), with an
 /// optional environment prefix such as "LD_PRELOAD=...".
 struct CliRun {

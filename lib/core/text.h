@@ -16,4 +16,12 @@ inline std::string list_names(const std::vector<std::string>& names, size_t limi
   return out;
 }
 
+/// `s` without leading and trailing ASCII whitespace (Python's str.strip()).
+inline std::string strip_whitespace(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 }  // namespace swiftcpp

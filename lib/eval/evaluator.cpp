@@ -28,6 +28,19 @@ MetricResult metric(const std::string& task, const std::string& name, const Mean
   return {task, name, m.mean, m.stderr_, m.n, shots, level};
 }
 
+// A result filled with what the task itself says.
+TaskResult start_result(const Task& task, int64_t items) {
+  TaskResult r;
+  r.task = task.name;
+  r.kind = task.kind;
+  r.source = task.source;
+  r.fewshot_source = task.fewshot_source;
+  r.num_fewshot = task.num_fewshot;
+  r.items = items;
+  if (items == 0) fail<FormatError>("task {}: nothing to evaluate in {}", task.name, task.source);
+  return r;
+}
+
 }  // namespace
 
 Evaluator::Evaluator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer, EvalOptions options)
@@ -89,14 +102,7 @@ TaskResult Evaluator::run(const Task& task, const EvalProgress& progress) {
 
 TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
-  TaskResult r;
-  r.task = task.name;
-  r.kind = task.kind;
-  r.source = task.source;
-  r.fewshot_source = task.fewshot_source;
-  r.num_fewshot = task.num_fewshot;
-  r.items = static_cast<int64_t>(task.choice_items.size());
-  if (task.choice_items.empty()) fail<FormatError>("task {}: no items to evaluate in {}", task.name, task.source);
+  TaskResult r = start_result(task, static_cast<int64_t>(task.choice_items.size()));
 
   // One request per item: its context encoded once, each choice's continuation as lm-eval splits the pair.
   std::vector<LoglikelihoodRequest> requests;
@@ -184,14 +190,7 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
 
 TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
-  TaskResult r;
-  r.task = task.name;
-  r.kind = task.kind;
-  r.source = task.source;
-  r.fewshot_source = task.fewshot_source;
-  r.num_fewshot = task.num_fewshot;
-  r.items = static_cast<int64_t>(task.generation_items.size());
-  if (task.generation_items.empty()) fail<FormatError>("task {}: no items to evaluate in {}", task.name, task.source);
+  TaskResult r = start_result(task, static_cast<int64_t>(task.generation_items.size()));
   const GenerationSpec& spec = task.generation;
   const int64_t budget = options_.scorer.max_length - spec.max_new_tokens;
   if (budget < 1) {
@@ -266,12 +265,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
 
 TaskResult Evaluator::run_perplexity(const Task& task, const EvalProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
-  TaskResult r;
-  r.task = task.name;
-  r.kind = task.kind;
-  r.source = task.source;
-  r.items = static_cast<int64_t>(task.documents.size());
-  if (task.documents.empty()) fail<FormatError>("task {}: no documents in {}", task.name, task.source);
+  TaskResult r = start_result(task, static_cast<int64_t>(task.documents.size()));
   const int64_t L = options_.scorer.max_length;
   const int64_t stride = options_.stride > 0 ? options_.stride : L;
   // Each document is [prefix] + its tokens, the prefix (BOS, else EOS) predicting the first token, as lm-eval's

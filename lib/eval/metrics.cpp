@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace swiftcpp::eval {
 
@@ -85,13 +86,6 @@ class Pattern {
   pcre2_match_data* data_ = nullptr;
   int groups_ = 0;
 };
-
-std::string strip(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
 
 }  // namespace
 
@@ -172,7 +166,7 @@ std::string extract_answer(const std::string& response, const AnswerFilter& filt
     }
     if (!found) return filter.fallback;
   }
-  return strip(answer);
+  return strip_whitespace(answer);
 }
 
 std::string normalize_answer(const std::string& text, const std::vector<std::string>& ignore_regexes, bool ignore_case) {

@@ -34,13 +34,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // Shared helpers
 
-std::string strip(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -256,12 +249,12 @@ std::vector<Question> mmlu_questions(const CsvTree& tree, const std::string& spl
     if (fields.size() != 6) {
       fail<FormatError>("{}: expected 6 fields (question, A, B, C, D, answer), got {}", where, fields.size());
     }
-    const std::string answer = strip(fields[5]);
+    const std::string answer = strip_whitespace(fields[5]);
     if (answer.size() != 1 || answer[0] < 'A' || answer[0] > 'D') {
       fail<FormatError>("{}: the answer must be A, B, C or D, got '{}'", where, fields[5]);
     }
     Question q;
-    q.query = fmt::format("{}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", strip(fields[0]), fields[1], fields[2],
+    q.query = fmt::format("{}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", strip_whitespace(fields[0]), fields[1], fields[2],
                           fields[3], fields[4]);
     q.choices = {"A", "B", "C", "D"};
     q.gold = answer[0] - 'A';
@@ -441,7 +434,7 @@ std::vector<Question> hellaswag_text_questions(const fs::path& path) {
     Question q;
     q.source = fmt::format("{}:{}", path.string(), i + 1);
     q.query = hellaswag_preprocess(lines[i]);
-    const std::string label = strip(lines[i + 1]);
+    const std::string label = strip_whitespace(lines[i + 1]);
     if (label.size() != 1 || label[0] < '0' || label[0] > '3') {
       fail<FormatError>("{}:{}: expected the gold label 0..3, got '{}'", path.string(), i + 2, lines[i + 1]);
     }
@@ -743,7 +736,7 @@ std::vector<std::pair<size_t, std::vector<std::string>>> parse_csv(const std::st
 }
 
 std::string hellaswag_preprocess(const std::string& text) {
-  std::string s = strip(text);
+  std::string s = strip_whitespace(text);
   std::string out;
   // " [title]" -> ". "
   for (size_t pos = 0;;) {

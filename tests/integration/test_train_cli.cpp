@@ -94,7 +94,9 @@ TEST(TrainCli, WritesTheRunFolderAndResumesExactlyAfterSigtermAndHardKill) {
     SCOPED_TRACE(signal);
     const fs::path out = base / signal;
     const int code = run_and_signal(out, signal);
-    if (signal == "TERM") EXPECT_EQ(code, 143);
+    if (signal == "TERM") {
+      EXPECT_EQ(code, 143);
+    }
     // The signal came before the end: the run stopped short of step 8.
     ASSERT_FALSE(fs::exists(only_run_dir(out) / "checkpoint-8")) << "the run finished before the signal";
     const auto resumed = run_cli(train_args(out, "resume_from_checkpoint=latest"));

@@ -18,47 +18,18 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "eval/archive.h"
+#include "tests/test_util.h"
 
 namespace swiftcpp {
 namespace {
 
-fs::path shared_assets() {
-#ifdef SWIFTCPP_SHARED_DIR
-  return fs::path(SWIFTCPP_SHARED_DIR) / "assets";
-#else
-  return fs::path("../shared/assets");
-#endif
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("swiftcpp_archive_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using test::expect_error;
 
 fs::path write_bytes(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   EXPECT_TRUE(out.good()) << path;
   return path;
-}
-
-// Runs `f`, expects it to throw exactly E and the message to contain every one of `needles`.
-template <typename E>
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    for (const auto& needle : needles)
-      EXPECT_NE(message.find(needle), std::string::npos) << "message lacks '" << needle << "': " << message;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no exception thrown";
 }
 
 void put16(std::string& s, uint32_t v) {
@@ -170,7 +141,7 @@ std::string bzip2(const std::string& data) {
 size_t count_lines(const std::string& text) { return static_cast<size_t>(std::count(text.begin(), text.end(), '\n')); }
 
 TEST(Archive, StoredAndDeflatedMembersRoundTrip) {
-  const fs::path path = write_bytes(fresh_dir("round_trip") / "sample.zip", build_zip(sample_members(), "a comment"));
+  const fs::path path = write_bytes(test::temp_dir("archive_round_trip") / "sample.zip", build_zip(sample_members(), "a comment"));
   const ZipArchive zip = ZipArchive::open(path);
   EXPECT_EQ(zip.path(), path);
   for (const auto& m : sample_members()) EXPECT_EQ(zip.read(m.name), m.content) << m.name;
@@ -178,7 +149,7 @@ TEST(Archive, StoredAndDeflatedMembersRoundTrip) {
 }
 
 TEST(Archive, NamesListsMembersInCentralDirectoryOrder) {
-  const fs::path path = write_bytes(fresh_dir("names") / "sample.zip", build_zip(sample_members()));
+  const fs::path path = write_bytes(test::temp_dir("archive_names") / "sample.zip", build_zip(sample_members()));
   const ZipArchive zip = ZipArchive::open(path);
   EXPECT_EQ(zip.names(),
             (std::vector<std::string>{"data/", "data/stored.csv", "data/deflated.csv", "data/empty.txt"}));
@@ -189,7 +160,7 @@ TEST(Archive, NamesListsMembersInCentralDirectoryOrder) {
 }
 
 TEST(Archive, MissingMemberIsNamed) {
-  const fs::path path = write_bytes(fresh_dir("missing_member") / "sample.zip", build_zip(sample_members()));
+  const fs::path path = write_bytes(test::temp_dir("archive_missing_member") / "sample.zip", build_zip(sample_members()));
   const ZipArchive zip = ZipArchive::open(path);
   expect_error<FormatError>([&] { zip.read("data/test/foo.csv"); },
                             {"sample.zip", "no member 'data/test/foo.csv'"});
@@ -197,7 +168,7 @@ TEST(Archive, MissingMemberIsNamed) {
 
 TEST(Archive, TruncatedArchiveIsAFormatError) {
   const std::string whole = build_zip(sample_members());
-  const fs::path path = write_bytes(fresh_dir("truncated") / "half.zip", whole.substr(0, whole.size() / 2));
+  const fs::path path = write_bytes(test::temp_dir("archive_truncated") / "half.zip", whole.substr(0, whole.size() / 2));
   expect_error<FormatError>([&] { ZipArchive::open(path); }, {"half.zip", "not a zip archive"});
   // The record survives but the central directory it points to was cut away.
   const std::string tail = whole.substr(whole.size() - 22);
@@ -210,7 +181,7 @@ TEST(Archive, CorruptedDataFailsTheCrcCheck) {
   const size_t at = bytes.find("1,2,3");
   ASSERT_NE(at, std::string::npos);
   bytes[at] = '7';
-  const fs::path path = write_bytes(fresh_dir("corrupt") / "mmlu.zip", bytes);
+  const fs::path path = write_bytes(test::temp_dir("archive_corrupt") / "mmlu.zip", bytes);
   const ZipArchive zip = ZipArchive::open(path);
   expect_error<FormatError>([&] { zip.read("data/stored.csv"); },
                             {"mmlu.zip", "member 'data/stored.csv'", "CRC mismatch"});
@@ -224,7 +195,7 @@ TEST(Archive, CorruptedDataFailsTheCrcCheck) {
 }
 
 TEST(Archive, NotAZipIsAFormatError) {
-  const fs::path dir = fresh_dir("not_zip");
+  const fs::path dir = test::temp_dir("archive_not_zip");
   const fs::path text = write_bytes(dir / "plain.zip", std::string(100000, 'x'));
   expect_error<FormatError>([&] { ZipArchive::open(text); },
                             {"plain.zip", "not a zip archive (no end-of-central-directory record)"});
@@ -233,14 +204,14 @@ TEST(Archive, NotAZipIsAFormatError) {
 }
 
 TEST(Archive, MissingFileIsAnIoError) {
-  const fs::path gone = fresh_dir("missing_file") / "gone.zip";
+  const fs::path gone = test::temp_dir("archive_missing_file") / "gone.zip";
   expect_error<IoError>([&] { ZipArchive::open(gone); }, {"gone.zip"});
   expect_error<IoError>([&] { read_bzip2_file(gone.parent_path() / "gone.txt.bz2"); }, {"gone.txt.bz2"});
   expect_error<IoError>([&] { read_maybe_compressed(gone.parent_path() / "gone.txt"); }, {"gone.txt"});
 }
 
 TEST(Archive, Zip64AndEncryptionAreRejected) {
-  const fs::path dir = fresh_dir("unsupported");
+  const fs::path dir = test::temp_dir("archive_unsupported");
   const fs::path zip64 = write_bytes(dir / "big.zip", build_zip(sample_members(), "", true));
   expect_error<FormatError>([&] { ZipArchive::open(zip64); }, {"big.zip", "ZIP64 archives are not supported"});
 
@@ -251,7 +222,7 @@ TEST(Archive, Zip64AndEncryptionAreRejected) {
 }
 
 TEST(Archive, Bzip2RoundTripsIncludingConcatenatedStreams) {
-  const fs::path dir = fresh_dir("bzip2");
+  const fs::path dir = test::temp_dir("archive_bzip2");
   const std::string first = some_text(), second = "second stream\nlast line\n";
   EXPECT_EQ(read_bzip2_file(write_bytes(dir / "one.txt.bz2", bzip2(first))), first);
   EXPECT_EQ(read_bzip2_file(write_bytes(dir / "two.txt.bz2", bzip2(first) + bzip2(second))), first + second);
@@ -265,7 +236,7 @@ TEST(Archive, Bzip2RoundTripsIncludingConcatenatedStreams) {
 }
 
 TEST(Archive, CorruptBzip2IsAFormatError) {
-  const fs::path dir = fresh_dir("bzip2_corrupt");
+  const fs::path dir = test::temp_dir("archive_bzip2_corrupt");
   std::string bytes = bzip2(some_text());
   bytes[bytes.size() / 2] ^= 0x5a;
   expect_error<FormatError>([&] { read_bzip2_file(write_bytes(dir / "flipped.bz2", bytes)); }, {"flipped.bz2"});
@@ -281,16 +252,16 @@ TEST(Archive, CorruptBzip2IsAFormatError) {
 }
 
 TEST(Archive, ReadsTheSharedMmluZip) {
-  const fs::path path = shared_assets() / "data" / "eval" / "mmlu" / "mmlu.zip";
-  if (!fs::exists(path)) GTEST_SKIP() << "no " << path << " (shared assets absent)";
+  const fs::path path = test::assets() / "data" / "eval" / "mmlu" / "mmlu.zip";
+  SWIFTCPP_REQUIRE_SHARED(path);
   const ZipArchive zip = ZipArchive::open(path);
   ASSERT_TRUE(zip.contains("data/dev/abstract_algebra_dev.csv"));
   EXPECT_EQ(count_lines(zip.read("data/dev/abstract_algebra_dev.csv")), 5u);
 }
 
 TEST(Archive, ReadsTheSharedHellaswagBzip2) {
-  const fs::path path = shared_assets() / "data" / "eval" / "hellaswag" / "hellaswag_val_full.txt.bz2";
-  if (!fs::exists(path)) GTEST_SKIP() << "no " << path << " (shared assets absent)";
+  const fs::path path = test::assets() / "data" / "eval" / "hellaswag" / "hellaswag_val_full.txt.bz2";
+  SWIFTCPP_REQUIRE_SHARED(path);
   const std::string text = read_maybe_compressed(path);
   EXPECT_EQ(count_lines(text), 60252u);  // 10042 tasks x 6 lines
   EXPECT_EQ(text.rfind("Roof shingle removal: A man is sitting on a roof. he\n3\n", 0), 0u);

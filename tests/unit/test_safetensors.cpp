@@ -12,9 +12,12 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "tests/test_util.h"
 
 namespace swiftcpp {
 namespace {
+
+using test::expect_error;
 
 std::string u64_le(uint64_t v) {
   std::string out(8, '\0');
@@ -48,23 +51,6 @@ std::vector<std::string> list_dir(const fs::path& dir) {
   return names;
 }
 
-// Runs `f`, expects it to throw exactly E (not merely another swiftcpp::Error) and the message to contain
-// every one of `needles`.
-template <typename E>
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    for (const auto& needle : needles)
-      EXPECT_NE(message.find(needle), std::string::npos) << "message lacks '" << needle << "': " << message;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no exception thrown";
-}
 
 #define EXPECT_ERROR(E, statement, ...)                           \
   do {                                                            \
