@@ -33,10 +33,11 @@ with its default logits cache) does, written as eager PyTorch on the plain Llama
   peak_rss_mb: getrusage(RUSAGE_SELF).ru_maxrss / 1024 at the end of the program.
 
 Output: one JSON line on stdout (and in --output FILE when given); diagnostics go to stderr. Keys:
-  impl ("pytorch-eager"), model, threads, batch_size, max_length, runs, items, requests, rows, tokens (real
-  tokens forwarded), padded_tokens (batch x padded length, summed), items_per_s {median, min, max}, seconds
-  [per run], peak_rss_mb, loglikelihoods [per item: one float per continuation] and is_greedy (same shape) of the
-  first run, torch_version, torch_threads, omp_num_threads, blas [BLAS libraries mapped into the process].
+  impl ("pytorch-eager"), model, threads, batch_size, max_length, runs, items, requests, rows, truncated_rows
+  (rows cut to max_length from the left), tokens (real tokens forwarded), padded_tokens (batch x padded length,
+  summed), items_per_s {median, min, max}, seconds [per run], peak_rss_mb, loglikelihoods [per item: one float per
+  continuation] and is_greedy (same shape) of the first run, torch_version, torch_threads, omp_num_threads,
+  blas [BLAS libraries mapped into the process].
 """
 
 import argparse
@@ -101,13 +102,13 @@ def build_rows(items, max_length):
             row = by_key.get(key)
             if row is None:
                 by_key[key] = row = {"inp": full[-(max_length + 1):][:-1], "sort": (-len(full), tuple(full)),
-                                     "reqs": []}
+                                     "truncated": len(full) - 1 > max_length, "reqs": []}
             row["reqs"].append((i, j, cont))
     return sorted(by_key.values(), key=lambda r: r["sort"])
 
 
 def score(model, items, batch_size, max_length):
-    """One timed run. -> (loglikelihoods, is_greedy, rows, real tokens, padded tokens)."""
+    """One timed run. -> (loglikelihoods, is_greedy, rows, real tokens, padded tokens, truncated rows)."""
     rows = build_rows(items, max_length)
     ll = [[None] * len(conts) for _, conts in items]
     greedy = [[None] * len(conts) for _, conts in items]
@@ -129,7 +130,7 @@ def score(model, items, batch_size, max_length):
                 want = torch.tensor(cont, dtype=torch.int64)
                 ll[i][j] = float(torch.gather(lp, 1, want.unsqueeze(-1)).sum())
                 greedy[i][j] = bool((lp.argmax(dim=-1) == want).all())
-    return ll, greedy, len(rows), n_tok, n_pad
+    return ll, greedy, len(rows), n_tok, n_pad, sum(r["truncated"] for r in rows)
 
 
 def main(args):
@@ -158,7 +159,7 @@ def main(args):
                 first = res
             print("run %d: %d items in %.2f s = %.2f items/s (%d rows, %d tokens, %d with padding)"
                   % (r, len(items), secs[-1], len(items) / secs[-1], res[2], res[3], res[4]), file=sys.stderr)
-    ll, greedy, n_rows, n_tok, n_pad = first
+    ll, greedy, n_rows, n_tok, n_pad, n_trunc = first
     result = {
         "impl": "pytorch-eager",
         "model": args.model,
@@ -169,6 +170,7 @@ def main(args):
         "items": len(items),
         "requests": sum(len(c) for _, c in items),
         "rows": n_rows,
+        "truncated_rows": n_trunc,
         "tokens": n_tok,
         "padded_tokens": n_pad,
         "items_per_s": stats([len(items) / s for s in secs]),

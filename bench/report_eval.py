@@ -4,8 +4,9 @@
 Usage: report_eval.py --command "CMD" [--task mmlu] --run SWIFTCPP_DIR TIME_LOG BASELINE.json [--run ...]
 One --run per benchmark run. SWIFTCPP_DIR is a `swiftcpp eval --output-dir` folder (results.json with the task
 (--task, default mmlu): items, requests, tokens, seconds, encode_seconds, num_fewshot; samples_<task>.jsonl with
-"loglikelihoods" per item, in item order); TIME_LOG is the stderr of `/usr/bin/time -v` around it ("-" = none, peak RSS n/a); BASELINE.json is
-the output of bench/baseline_eval.py (its last line that parses as a JSON object).
+"loglikelihoods" per item, in item order); TIME_LOG is what `/usr/bin/time -v -o TIME_LOG` wrote around it ("-" =
+none: peak RSS n/a); BASELINE.json is the output of bench/baseline_eval.py (its last line that parses as a JSON
+object).
 swiftcpp items/s: total = items / seconds (tokenisation + model), model only = items / (seconds - encode_seconds).
 The baseline gets token ids and does no tokenisation, so model only / baseline is the like-for-like ratio.
 The check compares every item's log-likelihoods, run by run: max |swiftcpp - PyTorch| over all items and choices,
@@ -23,9 +24,16 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import blas_line, cpu_model, fmt_rate, load_result, ratio  # noqa: E402
+from report import blas_line, cpu_model, load_result, ratio  # noqa: E402
 
 LL_TOL = 1e-3
+
+
+def fmt_rate(x):
+    """Items/s are small numbers (about 1 on the dev machine): three significant digits."""
+    if x is None:
+        return "n/a"
+    return "%.0f" % x if x >= 100 else "%.3g" % x
 
 
 def stats(xs):
@@ -110,7 +118,7 @@ def main():
     t0, b0 = runs[0]["task"], runs[0]["b"]
     sw_total = stats([r["task"]["items"] / r["task"]["seconds"] for r in runs])
     sw_model = stats([r["task"]["items"] / (r["task"]["seconds"] - r["task"]["encode_seconds"]) for r in runs])
-    base = stats([x for r in runs for x in [(r["b"].get("items_per_s") or {}).get("median")]])
+    base = stats([(r["b"].get("items_per_s") or {}).get("median") for r in runs])
     sw_rss = stats([r["rss"] for r in runs])
     b_rss = stats([r["b"].get("peak_rss_mb") for r in runs])
     enc_share = stats([r["task"]["encode_seconds"] / r["task"]["seconds"] for r in runs])
@@ -132,14 +140,16 @@ def main():
     out.append("- Machine: %s, %d cores, BLAS %s" % (cpu_model(), os.cpu_count() or 0, blas_line()))
     out.append("- Command: `%s`" % args.command)
     model = os.path.basename(os.path.normpath(str(b0.get("model", "?"))))
-    out.append("- Settings: model %s, %s-shot, %s items (%s requests, %s prompt + answer tokens), batch %s, "
+    out.append("- Settings: model %s, %s-shot, %s items (%s requests, %s tokens in prompts + answers), batch %s, "
                "%s threads, float32; items/s = median [min-max] over %d run(s), each a fresh process"
                % (model, t0.get("num_fewshot", "?"), t0["items"], t0.get("requests", "?"), t0.get("tokens", "?"),
                   b0.get("batch_size", "?"), b0.get("threads", "?"), len(runs)))
     out.append("- PyTorch %s, eager, lm-eval's Hugging Face method: one full forward per distinct context "
-               "(%s rows, %s tokens, %s with right padding), log_softmax over the vocabulary at every position; "
-               "BLAS %s" % (b0.get("torch_version", "?"), b0.get("rows", "?"), b0.get("tokens", "?"),
-                            b0.get("padded_tokens", "?"), ", ".join(blas) or "none reported"))
+               "(%s rows, %s of them cut from the left to %s tokens as lm-eval does; %s tokens forwarded, %s with "
+               "right padding), log_softmax over the vocabulary at every position; BLAS %s"
+               % (b0.get("torch_version", "?"), b0.get("rows", "?"), b0.get("truncated_rows", "?"),
+                  b0.get("max_length", "?"), b0.get("tokens", "?"), b0.get("padded_tokens", "?"),
+                  ", ".join(blas) or "none reported"))
     out.append("")
     out.append("| program | items/s | vs PyTorch | peak RSS MB |")
     out.append("|---|---|---|---|")

@@ -22,7 +22,7 @@
 #   BUILD_DIR [build]  RUNS [3]  THREADS [2]  LIMIT [2] (questions per subject: 2 = 114 items)  BATCH [8]
 #   MODEL [bench/models/bench25m-llama2tok]  DATA [../shared/assets/data/eval]
 #   PYTHON [/usr/bin/python3]  (Debian's interpreter, which has python3-torch)
-# On the 2-core dev machine one run (both programs) of LIMIT=2 takes a few minutes.
+# On the 2-core dev machine one run of LIMIT=2 (both programs) takes about 5 minutes: RUNS=3 about 16.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -135,7 +135,8 @@ for ((i = 1; i <= RUNS; i++)); do
     bcmd=("$PYTHON" bench/baseline_eval.py --model "$MODEL" --requests "$REQUESTS" --batch-size "$BATCH"
           --threads "$THREADS" --runs 1 --output "$base")
     echo "[run $i/$RUNS] pytorch-eager: ${bcmd[*]}" >&2
-    "${bcmd[@]}" >/dev/null 2>"$OUT/pytorch-eager-$i.log" || fail "baseline_eval.py (run $i)" "$OUT/pytorch-eager-$i.log"
+    "${bcmd[@]}" >/dev/null 2>"$OUT/pytorch-eager-$i.log" ||
+        fail "baseline_eval.py (run $i)" "$OUT/pytorch-eager-$i.log"
     REPORT_ARGS+=(--run "$sw_out" "$tlog" "$base")
 done
 

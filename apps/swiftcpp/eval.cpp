@@ -143,6 +143,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - task_start).count();
       ProgressStats stats;
+      stats.elapsed_s = s;  // the bar starts at the first batch's end; the task started before tokenising
       stats.unit = task.kind == eval::TaskKind::kPerplexity ? "window" : "item";
       const char* unit = task.kind == eval::TaskKind::kPerplexity ? "windows" : "items";
       stats.fields = fmt::format("{} | {:.2f} {}/s", task.name, done / std::max(s, 1e-9), unit);
