@@ -156,9 +156,11 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
 
   std::cout << eval::results_markdown(results) << std::flush;
   for (const auto& r : results) {
-    std::cerr << fmt::format("[{}: {} items, {} requests, {} tokens in {:.2f} s ({:.2f} s tokenising): {:.2f} items/s]\n",
-                             r.task, r.items, r.requests, r.tokens, r.seconds, r.encode_seconds,
-                             r.items / std::max(r.seconds, 1e-9));
+    const bool documents = r.kind == eval::TaskKind::kPerplexity;
+    std::cerr << fmt::format("[{}: {} {}, {} {}, {} tokens in {:.2f} s ({:.2f} s tokenising): {:.2f} {}/s]\n", r.task,
+                             r.items, documents ? "documents" : "items", r.requests, documents ? "windows" : "requests",
+                             r.tokens, r.seconds, r.encode_seconds, (documents ? r.requests : r.items) / std::max(r.seconds, 1e-9),
+                             documents ? "windows" : "items");
   }
 
   if (!o.dump_requests.empty()) {

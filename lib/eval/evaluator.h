@@ -49,7 +49,7 @@ struct TaskResult {
   int num_fewshot = 0;
   int64_t items = 0;
   int64_t requests = 0;  // continuations scored, or generations, or windows
-  int64_t tokens = 0;    // tokens the model read (contexts once each, continuations once each)
+  int64_t tokens = 0;    // tokens of the requests (contexts once each, continuations once each; before any cut)
   double seconds = 0;         // tokenisation + model time
   double encode_seconds = 0;  // tokenisation alone
   std::vector<MetricResult> metrics;
