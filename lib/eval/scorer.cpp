@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 
@@ -114,9 +115,11 @@ void Scorer::score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
     if (pad[b] > 0) key_valid[b].narrow(0, 0, pad[b]).fill_(false);
   }
   key_valid = key_valid.to(device);
-  nn::KVCache cache = model_->make_cache(B, Lc + T2);
+  // The K/V cache only when some continuation needs a second pass (MMLU's one-token answers never do).
+  std::optional<nn::KVCache> cache;
+  if (T2 > 0) cache.emplace(model_->make_cache(B, Lc + T2));
   ForwardOptions first;
-  first.cache = T2 > 0 ? &cache : nullptr;
+  first.cache = cache ? &*cache : nullptr;
   first.position_ids = at::tensor(pos, at::kLong).view({B, Lc}).to(device);
   first.key_valid = key_valid.narrow(1, 0, Lc);
   const at::Tensor last_hidden = model_->hidden_states(at::tensor(ids, at::kLong).view({B, Lc}).to(device), first)
@@ -172,11 +175,12 @@ void Scorer::score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
     }
   }
   const at::Tensor rows = at::tensor(row_of, at::kLong).to(device);
-  nn::KVCache expanded = cache;
-  for (size_t l = 0; l < cache.keys.size(); ++l) {
-    expanded.keys[l] = cache.keys[l].index_select(0, rows);
-    expanded.values[l] = cache.values[l].index_select(0, rows);
+  nn::KVCache expanded = *cache;
+  for (size_t l = 0; l < cache->keys.size(); ++l) {
+    expanded.keys[l] = cache->keys[l].index_select(0, rows);
+    expanded.values[l] = cache->values[l].index_select(0, rows);
   }
+  cache.reset();  // the copies are all pass 2 reads
   at::Tensor valid2 = key_valid.index_select(0, rows).clone();  // [R, Lc + T2]
   {
     at::Tensor valid_cpu = at::ones({R, T2}, at::kBool);
