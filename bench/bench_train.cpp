@@ -42,6 +42,7 @@ struct Options {
   std::string write_batches;
   std::string write_init_adapter;
   bool gradient_checkpointing = false;
+  bool keep_attention_probs = false;
 };
 
 struct SplitMix {
@@ -158,10 +159,13 @@ int main(int argc, char** argv) {
   app.add_option("--write-batches", o.write_batches);
   app.add_option("--write-init-adapter", o.write_init_adapter);
   app.add_flag("--gradient-checkpointing", o.gradient_checkpointing);
+  app.add_flag("--keep-attention-probs", o.keep_attention_probs,
+               "train with the attention kernel that keeps its probabilities for backward (default: recompute them)");
   CLI11_PARSE(app, argc, argv);
   try {
     configure_threads(o.threads);
     configure_allocator();
+    if (o.keep_attention_probs) nn::set_recompute_attention(false);
     const double ceiling = matmul_ceiling_gflops();
     CausalLM probe = load_causal_lm(o.model);
     const DecoderConfig& mc = probe->config();
@@ -258,6 +262,7 @@ int main(int argc, char** argv) {
                 {"runs", o.runs},
                 {"lr", o.lr},
                 {"gradient_checkpointing", o.gradient_checkpointing},
+                {"attention_probs", o.keep_attention_probs ? "kept" : "recomputed"},
                 {"lora", o.mode == "lora" ? Json{{"r", lora.r}, {"lora_alpha", lora.lora_alpha}, {"use_rslora", false},
                                                  {"scale", lora.scale()}, {"target_modules", lora.target_modules}}
                                           : Json(nullptr)}};

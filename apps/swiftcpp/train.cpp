@@ -9,6 +9,7 @@
 #include "apps/swiftcpp/commands.h"
 #include "core/progress.h"
 #include "train/trainer.h"
+#include "train/tune_chunks.h"
 
 namespace swiftcpp::app {
 
@@ -33,7 +34,27 @@ struct TrainOptions {
   std::vector<std::string> overrides;
   bool print_config = false;
   bool list_keys = false;
+  bool tune_chunks = false;
+  ChunkTuneOptions tune;
 };
+
+int run_tune(const TrainConfig& config, const ChunkTuneOptions& options) {
+  const auto results = tune_chunks(config, options, std::cerr);
+  std::cout << "| chunk_size | chunk_keep | tokens/s | peak tensor memory (MiB) | fits |\n|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {} |\n", r.chunk_size, r.chunk_keep, r.tokens_per_s,
+                             r.peak_mib, r.fits ? "yes" : "no");
+  }
+  const ChunkTuneResult* best = best_chunk_setting(results);
+  if (best == nullptr) {
+    fail<ConfigError>("no (chunk_size, chunk_keep) with C x K = {} fits {} MiB; lower --tune-budget",
+                      options.budget > 0 ? options.budget : config.chunk_size * config.chunk_keep,
+                      options.memory_limit_mib);
+  }
+  std::cout << fmt::format("recommended: batching=chunkflow chunk_size={} chunk_keep={}\n", best->chunk_size,
+                           best->chunk_keep);
+  return 0;
+}
 
 int run_train(const TrainOptions& o, const std::vector<std::string>& command_line) {
   if (o.list_keys) {
@@ -50,6 +71,7 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
     std::cout << train_config_schema().dump(config).dump(2) << std::endl;
     return 0;
   }
+  if (o.tune_chunks) return run_tune(config, o.tune);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   TrainHooks hooks;
@@ -75,6 +97,15 @@ CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const
   cmd->add_option("overrides", o->overrides, "key=value overrides applied after the recipe (e.g. max_steps=10)");
   cmd->add_flag("--print-config", o->print_config, "Print the resolved configuration as JSON and exit");
   cmd->add_flag("--list-keys", o->list_keys, "List every recipe key with its type, default and meaning");
+  cmd->add_flag("--tune-chunks", o->tune_chunks,
+                "ChunkFlow: time a short grid of (chunk_size, chunk_keep) with C x K fixed on this recipe's data and "
+                "recommend the fastest that fits --memory-limit-mib");
+  cmd->add_option("--tune-budget", o->tune.budget, "C x K in tokens for --tune-chunks (default: chunk_size x chunk_keep)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--tune-steps", o->tune.steps, "optimizer steps per candidate, the first untimed (default 3)")
+      ->check(CLI::Range(2, 1000));
+  cmd->add_option("--memory-limit-mib", o->tune.memory_limit_mib, "peak tensor memory a candidate may use (0: any)")
+      ->check(CLI::NonNegativeNumber);
   cmd->footer("Stops cleanly on Ctrl-C / SIGTERM after the current step with a checkpoint (exit 130 / 143);\n"
               "resume with resume_from_checkpoint=latest. Prints the last checkpoint folder on stdout.");
   return [o, argv]() { return run_train(*o, argv); };

@@ -1,5 +1,6 @@
 #include "nn/attention.h"
 
+#include <torch/autograd.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@ namespace swiftcpp::nn {
 
 namespace {
 std::atomic<AttentionBackend> g_backend{AttentionBackend::kAuto};
+std::atomic<bool> g_recompute{true};
 
 // Explicit path. Query heads of one K/V group are laid side by side so one batched matmul per group serves
 // them all without copying K/V: q [B, Hkv, G*T, Dh] @ k^T [B, Hkv, Dh, S].
@@ -33,6 +35,139 @@ at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const at::Te
   const at::Tensor probs = at::softmax(scores, -1, softmax_dtype).to(q.scalar_type());
   return at::matmul(probs, v).view({B, H, T, Dh});
 }
+
+// Softmax statistics and products run in float32 for float32/bf16/fp16 inputs, float64 for float64.
+at::ScalarType accumulate_dtype(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Rows of one query block, grouped as attention_math groups them: q [B, H, T, Dh] -> [B, Hkv, G*rows, Dh].
+at::Tensor query_rows(const at::Tensor& x, int64_t Hkv, int64_t first, int64_t rows) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), Dh = x.size(3);
+  return x.view({B, Hkv, H / Hkv, T, Dh}).narrow(3, first, rows).reshape({B, Hkv, (H / Hkv) * rows, Dh});
+}
+
+// Masked, scaled scores of one query block against every key block: [B, Hkv, G*rows, S] in the accumulate dtype.
+at::Tensor block_scores(const at::Tensor& qb, at::TensorList keys, const at::Tensor& mask, int64_t G, int64_t first,
+                        int64_t rows, double scale, at::ScalarType acc) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(keys.size());
+  for (const auto& k : keys) parts.push_back(at::matmul(qb, k.transpose(-1, -2)));
+  at::Tensor scores = (parts.size() == 1 ? parts[0] : at::cat(parts, -1)).to(acc).mul_(scale);
+  if (mask.defined()) {
+    const int64_t B = scores.size(0), Hkv = scores.size(1), S = scores.size(3);
+    // mask [B|1, 1, T, S] -> rows [B|1, 1, 1, rows, S] against scores [B, Hkv, G, rows, S]
+    const at::Tensor blocked = mask.narrow(2, first, rows).logical_not().unsqueeze(1);
+    scores.view({B, Hkv, G, rows, S}).masked_fill_(blocked, -std::numeric_limits<double>::infinity());
+  }
+  return scores;
+}
+
+int64_t rows_per_block(int64_t B, int64_t H, int64_t T, int64_t S, int64_t workspace) {
+  const int64_t per_row = std::max<int64_t>(1, B * H * S);
+  return std::min(T, std::max<int64_t>(16, workspace / per_row));
+}
+
+class BlockAttention : public torch::autograd::Function<BlockAttention> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, at::TensorList keys,
+                            at::TensorList values, const c10::optional<at::Tensor>& mask_arg, int64_t workspace) {
+    const at::Tensor mask = mask_arg.has_value() ? *mask_arg : at::Tensor();
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
+    const int64_t Hkv = keys[0].size(1), G = H / Hkv;
+    int64_t S = 0;
+    for (const auto& k : keys) S += k.size(2);
+    const auto acc = accumulate_dtype(q);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const int64_t R = rows_per_block(B, H, T, S, workspace);
+    at::Tensor out = at::empty({B, Hkv, G, T, Dh}, q.options());
+    at::Tensor lse = at::empty({B, Hkv, G, T}, q.options().dtype(acc));
+    for (int64_t first = 0; first < T; first += R) {
+      const int64_t rows = std::min(R, T - first);
+      const at::Tensor qb = query_rows(q, Hkv, first, rows);                        // [B, Hkv, G*rows, Dh]
+      const at::Tensor scores = block_scores(qb, keys, mask, G, first, rows, scale, acc);  // [B, Hkv, G*rows, S]
+      const at::Tensor row_lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);     // [B, Hkv, G*rows, 1]
+      const at::Tensor probs = scores.sub_(row_lse).exp_().to(q.scalar_type());
+      at::Tensor ob;
+      int64_t offset = 0;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const int64_t n = keys[i].size(2);
+        const at::Tensor part = at::matmul(probs.narrow(-1, offset, n), values[i]);  // [B, Hkv, G*rows, Dh]
+        ob = ob.defined() ? ob.add_(part) : part;
+        offset += n;
+      }
+      out.narrow(3, first, rows).copy_(ob.view({B, Hkv, G, rows, Dh}));
+      lse.narrow(3, first, rows).copy_(row_lse.view({B, Hkv, G, rows}));
+    }
+    out = out.view({B, H, T, Dh});
+    std::vector<at::Tensor> saved = {q, out, lse};
+    saved.insert(saved.end(), keys.begin(), keys.end());
+    saved.insert(saved.end(), values.begin(), values.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["blocks"] = static_cast<int64_t>(keys.size());
+    ctx->saved_data["workspace"] = workspace;
+    ctx->saved_data["has_mask"] = mask.defined();
+    if (mask.defined()) ctx->saved_data["mask"] = mask;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const size_t n = static_cast<size_t>(ctx->saved_data["blocks"].toInt());
+    const int64_t workspace = ctx->saved_data["workspace"].toInt();
+    const at::Tensor mask = ctx->saved_data["has_mask"].toBool() ? ctx->saved_data["mask"].toTensor() : at::Tensor();
+    const at::Tensor& q = saved[0];
+    const at::Tensor& out = saved[1];
+    const at::Tensor& lse = saved[2];
+    const auto acc = accumulate_dtype(q);
+    std::vector<at::Tensor> keys, values;
+    for (size_t i = 0; i < n; ++i) {
+      keys.push_back(saved[3 + i].to(acc));
+      values.push_back(saved[3 + n + i].to(acc));
+    }
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
+    const int64_t Hkv = keys[0].size(1), G = H / Hkv;
+    int64_t S = 0;
+    for (const auto& k : keys) S += k.size(2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const int64_t R = rows_per_block(B, H, T, S, workspace);
+    const at::Tensor qa = q.to(acc), go = grads[0].to(acc).contiguous(), oa = out.to(acc);
+    at::Tensor dq = at::empty({B, Hkv, G, T, Dh}, qa.options());
+    std::vector<at::Tensor> dk, dv;
+    for (size_t i = 0; i < n; ++i) {
+      dk.push_back(at::zeros_like(keys[i]));
+      dv.push_back(at::zeros_like(values[i]));
+    }
+    for (int64_t first = 0; first < T; first += R) {
+      const int64_t rows = std::min(R, T - first);
+      const at::Tensor qb = query_rows(qa, Hkv, first, rows);   // [B, Hkv, G*rows, Dh]
+      const at::Tensor gb = query_rows(go, Hkv, first, rows);   // dO rows
+      const at::Tensor ob = query_rows(oa, Hkv, first, rows);
+      const at::Tensor row_lse = lse.narrow(3, first, rows).reshape({B, Hkv, G * rows, 1});
+      const at::Tensor probs = block_scores(qb, keys, mask, G, first, rows, scale, acc).sub_(row_lse).exp_();
+      const at::Tensor delta = (gb * ob).sum(-1, /*keepdim=*/true);  // rowsum(dO * O): [B, Hkv, G*rows, 1]
+      at::Tensor dqb;
+      int64_t offset = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t len = keys[i].size(2);
+        const at::Tensor p = probs.narrow(-1, offset, len);                          // [B, Hkv, G*rows, S_i]
+        dv[i].add_(at::matmul(p.transpose(-1, -2), gb));                            // [B, Hkv, S_i, Dh]
+        const at::Tensor ds = at::matmul(gb, values[i].transpose(-1, -2)).sub_(delta).mul_(p).mul_(scale);
+        dk[i].add_(at::matmul(ds.transpose(-1, -2), qb));
+        const at::Tensor part = at::matmul(ds, keys[i]);                            // [B, Hkv, G*rows, Dh]
+        dqb = dqb.defined() ? dqb.add_(part) : part;
+        offset += len;
+      }
+      dq.narrow(3, first, rows).copy_(dqb.view({B, Hkv, G, rows, Dh}));
+    }
+    torch::autograd::variable_list result;
+    result.push_back(dq.view({B, H, T, Dh}).to(q.scalar_type()));
+    for (size_t i = 0; i < n; ++i) result.push_back(dk[i].to(saved[3 + i].scalar_type()));
+    for (size_t i = 0; i < n; ++i) result.push_back(dv[i].to(saved[3 + n + i].scalar_type()));
+    result.push_back(at::Tensor());  // mask
+    result.push_back(at::Tensor());  // workspace
+    return result;
+  }
+};
 
 #if TORCH_VERSION_MAJOR >= 2
 at::Tensor attention_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
@@ -56,12 +191,29 @@ void set_attention_backend(AttentionBackend backend) {
 
 AttentionBackend attention_backend() { return g_backend; }
 
+void set_recompute_attention(bool on) { g_recompute = on; }
+bool recompute_attention() { return g_recompute; }
+
+at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
+                            int64_t workspace_elements) {
+  TORCH_CHECK(q.dim() == 4 && !keys.empty() && keys.size() == values.size(), "attention_blocks expects 4-d q and as "
+              "many key as value blocks");
+  TORCH_CHECK(q.size(1) % keys[0].size(1) == 0, "query heads ", q.size(1), " not a multiple of K/V heads ",
+              keys[0].size(1));
+  // An undefined tensor cannot be a Function input; an empty optional can.
+  const c10::optional<at::Tensor> mask_arg = mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt;
+  return BlockAttention::apply(q, keys, values, mask_arg, workspace_elements);
+}
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects 4-d q, k, v");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "query heads ", q.size(1), " not a multiple of K/V heads ", k.size(1));
 #if TORCH_VERSION_MAJOR >= 2
   if (g_backend != AttentionBackend::kMath) return attention_sdpa(q, k, v, mask);
 #endif
+  if (g_recompute && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    return attention_blocks(q, {k}, {v}, mask);
+  }
   return attention_math(q, k, v, mask);
 }
 

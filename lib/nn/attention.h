@@ -26,6 +26,29 @@ AttentionBackend attention_backend();
 /// Returns [B, H, T, Dh].
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask);
 
+/// The same attention with keys and values given as consecutive blocks along S (for example the stored K/V of
+/// earlier chunks of a sequence followed by a chunk's own), never concatenated, and a backward that recomputes
+/// the probabilities from q, k and the saved log-sum-exp instead of keeping them: per layer it keeps q, the K/V
+/// blocks, the output and [B, H, T] statistics, not the [B, H, T, S] probabilities. Queries run in row blocks
+/// sized so one block's scores stay under `workspace_elements` (at least 16 rows), so the transient workspace
+/// does not grow with T either. q: [B, H, T, Dh]; keys/values: blocks [B, Hkv, S_i, Dh]; mask as attention()
+/// takes it over S = sum S_i. Returns [B, H, T, Dh]; differentiable in q and every block.
+at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
+                            int64_t workspace_elements = int64_t{1} << 23);
+
+/// Whether attention() itself uses the recomputing kernel of attention_blocks while autograd records (training on
+/// the math backend); on by default. Process-wide.
+void set_recompute_attention(bool on);
+bool recompute_attention();
+
+/// K/V of the earlier chunks of a split sequence and the K/V one chunk produces (ChunkFlow): a dependent chunk's
+/// queries attend to `past_*` blocks, then causally to their own keys.
+struct ChunkKV {
+  std::vector<std::vector<at::Tensor>> past_keys, past_values;  // per layer: blocks [B, Hkv, S_i, Dh], in order
+  int64_t past_length = 0;                                      // sum of S_i
+  std::vector<at::Tensor> keys, values;                         // per layer, set by the forward: [B, Hkv, T, Dh]
+};
+
 /// Per-layer key/value storage allocated once for `capacity` positions.
 struct KVCache {
   std::vector<at::Tensor> keys;    // per layer [B, Hkv, capacity, Dh]

@@ -38,7 +38,13 @@ ConfigSchema<TrainConfig> make_schema() {
       .integer("max_length", &C::max_length, "longest sample in tokens (packed row length with packing)", 2, kMaxInt)
       .string("truncation_strategy", &C::truncation_strategy, "what to do with longer samples", {"delete", "left", "right"})
       .string("loss_scale", &C::loss_scale, "which assistant turns are trained", {"default", "last_round"})
-      .boolean("packing", &C::packing, "pack samples into rows of max_length (block-diagonal attention)")
+      .boolean("packing", &C::packing, "pack samples into rows of max_length (block-diagonal attention); same as batching: packing")
+      .string("batching", &C::batching, "how a global batch becomes micro-steps: padded rows, packed rows of max_length, "
+              "or ChunkFlow chunks of chunk_size", {"padding", "packing", "chunkflow"})
+      .integer("chunk_size", &C::chunk_size, "ChunkFlow: tokens per chunk; short samples are packed into chunks, longer "
+               "ones split into dependent chunks", 1, kMaxInt)
+      .integer("chunk_keep", &C::chunk_keep, "ChunkFlow: chunks of a split sequence whose activations stay alive (the "
+               "others are recomputed in backward)", 1, kMaxInt)
       .boolean("strict", &C::strict, "fail on the first bad data row (false: skip and count them)")
       .integer("dataset_num_proc", &C::dataset_num_proc, "preprocessing threads (0: every core)", 0, 1024)
       .string("data_cache_dir", &C::data_cache_dir, "folder caching tokenised data (empty: no cache)")
@@ -94,10 +100,20 @@ void validate_train_config(const TrainConfig& c) {
     fail<ConfigError>("set max_steps > 0 or num_train_epochs > 0 (got max_steps {}, num_train_epochs {})", c.max_steps,
                       c.num_train_epochs);
   }
+  if (c.packing && c.batching == "chunkflow") {
+    fail<ConfigError>("packing: true and batching: chunkflow contradict each other (ChunkFlow packs short samples into "
+                      "its chunks itself); drop packing");
+  }
+  if (effective_batching(c) == "chunkflow" && c.gradient_checkpointing) {
+    fail<ConfigError>("gradient_checkpointing does not combine with batching: chunkflow; ChunkFlow bounds activation "
+                      "memory itself: lower chunk_size or chunk_keep instead");
+  }
   if (c.bf16 && c.torch_dtype != "float32") {
     fail<ConfigError>("bf16 autocast keeps float32 master weights: use torch_dtype float32 with bf16 true (got {})",
                       c.torch_dtype);
   }
 }
+
+std::string effective_batching(const TrainConfig& c) { return c.packing ? std::string("packing") : c.batching; }
 
 }  // namespace swiftcpp

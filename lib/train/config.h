@@ -39,7 +39,10 @@ struct TrainConfig {
   int64_t max_length = 2048;
   std::string truncation_strategy = "delete";
   std::string loss_scale = "default";
-  bool packing = false;
+  bool packing = false;              // same as batching: packing (ms-swift's key)
+  std::string batching = "padding";  // padding | packing | chunkflow
+  int64_t chunk_size = 2048;         // ChunkFlow: tokens per chunk (C)
+  int64_t chunk_keep = 1;            // ChunkFlow: chunks of a split sequence whose activations stay alive (K)
   bool strict = true;
   int64_t dataset_num_proc = 0;
   std::string data_cache_dir;
@@ -80,5 +83,8 @@ TrainConfig load_train_config(const std::string& recipe, const std::vector<std::
 
 /// Checks what single-field ranges cannot: combinations and required keys. Throws ConfigError.
 void validate_train_config(const TrainConfig& config);
+
+/// The batching mode in effect: `batching`, or "packing" when the ms-swift key packing is true.
+std::string effective_batching(const TrainConfig& config);
 
 }  // namespace swiftcpp

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "core/memory.h"
 #include "core/plot.h"
 #include "core/progress.h"
 #include "core/runtime.h"
@@ -199,9 +200,10 @@ int64_t Trainer::warmup_steps(int64_t total_steps) const {
   return static_cast<int64_t>(std::ceil(config_.warmup_ratio * static_cast<double>(total_steps)));
 }
 
-at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct) {
+at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk, bool need_loss) {
   const at::Device device = model_->device();
   ForwardOptions options;
+  options.chunk = chunk;
   if (batch.position_ids.defined()) options.position_ids = batch.position_ids.to(device);
   if (batch.key_valid.defined()) options.key_valid = batch.key_valid.to(device);
   if (batch.segment_ids.defined()) options.segment_ids = batch.segment_ids.to(device);
@@ -209,6 +211,7 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct) {
   const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
   // The head and the loss only where a label is: padding and prompt positions cost no vocabulary projection.
   const at::Tensor hidden = model_->hidden_states(ids, options);     // [B, T, D]
+  if (!need_loss) return {};
   const at::Tensor where = (labels != kIgnoreIndex).nonzero().squeeze(1);
   const at::Tensor targets = labels.index_select(0, where);                                   // [N]
   const at::Tensor logits = model_->logits(hidden.reshape({-1, hidden.size(-1)}).index_select(0, where));  // [N, V]
@@ -241,15 +244,43 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
       loss = forward_loss(batch, &correct);
     }
     (loss / denominator).backward();
+    ++r.forwards;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
+  finish_step(r, loss_sum, correct, global_step, total_steps);
+  return r;
+}
+
+StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t total_steps) {
+  model_->train();
+  StepResult r;
+  r.label_tokens = batch.label_tokens;
+  r.real_tokens = batch.real_tokens;
+  const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
+  optimizer_->zero_grad();
+  at::Tensor correct;
+  const ChunkLossFn loss = [&](const Batch& chunk, nn::ChunkKV* state, bool need_loss) {
+    AutocastScope autocast(config_.bf16, model_->device());
+    return forward_loss(chunk, need_loss ? &correct : nullptr, state, need_loss);
+  };
+  ChunkFlowOptions options;
+  options.keep = config_.chunk_keep;
+  ChunkFlowCounters counters;
+  const at::Tensor loss_sum = chunkflow_backward(batch, loss, 1.0 / denominator, options, model_->device(), &counters);
+  r.forwards = counters.forwards;
+  finish_step(r, loss_sum, correct, global_step, total_steps);
+  return r;
+}
+
+void Trainer::finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
+                          int64_t total_steps) {
+  const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
   r.loss = loss_sum.defined() ? loss_sum.item<double>() / denominator : 0.0;
   r.token_acc = correct.defined() ? static_cast<double>(correct.item<int64_t>()) / denominator : 0.0;
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
   r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
                                  warmup_steps(total_steps), total_steps);
   optimizer_->step(r.learning_rate);
-  return r;
 }
 
 std::pair<double, int64_t> Trainer::evaluate(const std::vector<Batch>& batches) {
@@ -306,7 +337,13 @@ Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total
   f["dataset"] = data;
   f["template"] = c.chat_template;
   f["max_length"] = c.max_length;
-  f["packing"] = c.packing;
+  const std::string batching = effective_batching(c);
+  f["packing"] = batching == "packing";
+  if (batching == "chunkflow") {  // absent otherwise, so checkpoints written before ChunkFlow still resume
+    f["batching"] = batching;
+    f["chunk_size"] = c.chunk_size;
+    f["chunk_keep"] = c.chunk_keep;
+  }
   f["per_device_train_batch_size"] = c.per_device_train_batch_size;
   f["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   f["seed"] = c.seed;
@@ -327,6 +364,9 @@ void check_fingerprint(const Json& saved, const Json& now, const fs::path& check
     } else if (saved[key] != value) {
       diffs.push_back(fmt::format("{}: checkpoint {}, now {}", key, saved[key].dump(), value.dump()));
     }
+  }
+  for (const auto& [key, value] : saved.items()) {
+    if (!now.contains(key)) diffs.push_back(fmt::format("{}: checkpoint {}, now not set", key, value.dump()));
   }
   if (!diffs.empty()) {
     fail<ConfigError>("cannot resume from {}: it was made by a different setup (model, data or recipe):\n  {}",
@@ -437,6 +477,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   }
 
   // Model, tokenizer, data.
+  install_memory_tracking();
   const at::Device device = parse_device(config.device);
   LoadOptions load;
   load.device = device;
@@ -473,9 +514,11 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   }
   const int32_t pad_id = tokenizer->specials().pad.value_or(0);
 
-  // Items: samples, or packed rows of samples.
+  // Items: samples, or packed rows of samples. ChunkFlow chunks each step's samples itself.
+  const std::string batching = effective_batching(config);
+  const bool packing = batching == "packing", chunkflow = batching == "chunkflow";
   std::vector<std::vector<size_t>> items;
-  if (config.packing) {
+  if (packing) {
     std::vector<int64_t> lengths;
     for (const auto& s : tokenized.train) lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
     items = pack_best_fit_decreasing(lengths, config.max_length);
@@ -550,9 +593,16 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     return n;
   }();
   out << fmt::format("run folder: {}\n", run_dir.string());
+  std::string layout;
+  if (packing) layout = fmt::format(", packed into {} rows of <= {}", items.size(), config.max_length);
+  if (chunkflow) {
+    int64_t longest = 0;
+    for (const auto& s : tokenized.train) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.input_ids.size()));
+    layout = fmt::format(", ChunkFlow chunks of {} tokens keeping {} (longest sample {} = {} chunks)", config.chunk_size,
+                         config.chunk_keep, longest, (longest + config.chunk_size - 1) / config.chunk_size);
+  }
   out << fmt::format("data: {} train samples, {} validation, {} tokens ({} trained){}\n", tokenized.train.size(),
-                     tokenized.validation.size(), tokenized.stats.tokens, tokenized.stats.label_tokens,
-                     config.packing ? fmt::format(", packed into {} rows of <= {}", items.size(), config.max_length) : "");
+                     tokenized.validation.size(), tokenized.stats.tokens, tokenized.stats.label_tokens, layout);
   out << fmt::format("{} {}: {} trainable parameters; {} steps ({} per epoch), batch {} x {} accumulation\n",
                      config.train_type, trainer.model()->config().model_type, trainable_count, state.total_steps,
                      state.steps_per_epoch, bs, ga);
@@ -581,7 +631,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   int64_t cached_epoch = -1;
   std::vector<size_t> order;
   double window_loss = 0, window_acc = 0, window_tokens = 0, window_seconds = 0;
-  int64_t window_steps = 0;
+  int64_t window_steps = 0, window_peak_bytes = 0;
   double train_seconds = 0;
   int64_t steps_done = 0;
   fs::path last_saved;
@@ -604,11 +654,17 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
       cached_epoch = epoch;
     }
     std::vector<Batch> micro;
+    ChunkedBatch chunked;
     const size_t first = static_cast<size_t>(k * bs * ga);
     const size_t last = std::min(items.size(), first + static_cast<size_t>(bs * ga));
-    for (size_t i = first; i < last; i += bs) {
+    if (chunkflow) {  // the whole global batch, re-cut into chunks
+      std::vector<const Sample*> group;
+      for (size_t j = first; j < last; ++j) group.push_back(&tokenized.train[items[order[j]][0]]);
+      chunked = build_chunked_batch(group, config.chunk_size, pad_id);
+    }
+    for (size_t i = first; i < last && !chunkflow; i += bs) {
       const size_t end = std::min(last, i + static_cast<size_t>(bs));
-      if (config.packing) {
+      if (packing) {
         std::vector<std::vector<const Sample*>> rows;
         for (size_t j = i; j < end; ++j) {
           rows.emplace_back();
@@ -621,9 +677,12 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
         micro.push_back(collate_padded(group, pad_id));
       }
     }
+    reset_peak_memory(device);
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = trainer.step(micro, step, state.total_steps);
+    const StepResult r = chunkflow ? trainer.step(chunked, step, state.total_steps)
+                                   : trainer.step(micro, step, state.total_steps);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window_peak_bytes = std::max(window_peak_bytes, peak_memory_bytes(device));
     const int64_t global_step = step + 1;
     state.global_step = global_step;
     ++steps_done;
@@ -646,10 +705,11 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                   {"global_step", global_step},
                   {"tokens_per_s", window_tokens / std::max(1e-9, window_seconds)},
                   {"memory_mib", peak_rss_mib()},
+                  {"peak_memory_bytes", window_peak_bytes},
                   {"elapsed_time", format_duration(elapsed())},
                   {"remaining_time", format_duration(remaining)}});
       window_loss = window_acc = window_tokens = window_seconds = 0;
-      window_steps = 0;
+      window_steps = window_peak_bytes = 0;
     }
     ProgressStats stats;
     stats.loss = r.loss;

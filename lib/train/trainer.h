@@ -13,6 +13,7 @@
 #include "data/collate.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
+#include "train/chunkflow.h"
 #include "train/config.h"
 #include "train/optim.h"
 
@@ -26,6 +27,7 @@ struct StepResult {
   double learning_rate = 0;  // the rate this update used
   int64_t label_tokens = 0;
   int64_t real_tokens = 0;
+  int64_t forwards = 0;  // model forwards this step ran (ChunkFlow's recomputations included)
 };
 
 /// The model being tuned, its trainable tensors and optimizer: one optimizer step over micro-batches.
@@ -40,6 +42,10 @@ class Trainer {
   /// configured), the loss normalised by the label tokens of all of them together, clipping, AdamW with the
   /// scheduled rate of step `global_step` out of `total_steps`.
   StepResult step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps);
+
+  /// One optimizer step over a global batch in ChunkFlow chunks (config.chunk_keep graphs alive per split
+  /// sample), normalised by the global batch's label tokens; otherwise as step().
+  StepResult step(const ChunkedBatch& batch, int64_t global_step, int64_t total_steps);
 
   /// Sum of token cross-entropies and label-token count over `batches`, without gradients, in eval mode.
   std::pair<double, int64_t> evaluate(const std::vector<Batch>& batches);
@@ -56,7 +62,13 @@ class Trainer {
  private:
   /// Summed token cross-entropy of one micro-batch (lm_head only where labels are); adds the count of
   /// correctly ranked label tokens to `correct` (a device scalar) when given.
-  at::Tensor forward_loss(const Batch& batch, at::Tensor* correct);
+  /// With `chunk`, a ChunkFlow chunk attending to earlier chunks' K/V; with need_loss false, only the K/V are
+  /// wanted and the head is skipped (returns an undefined tensor).
+  at::Tensor forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk = nullptr,
+                          bool need_loss = true);
+  /// Clipping and the AdamW update after the gradients of a step are in.
+  void finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
+                   int64_t total_steps);
 
   TrainConfig config_;
   CausalLM model_;

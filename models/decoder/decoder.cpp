@@ -27,7 +27,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c)
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  const at::Tensor& mask, nn::KVCache* cache, int64_t layer) {
+                                  const at::Tensor& mask, nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer) {
   const int64_t B = x.size(0), T = x.size(1);
   // x: [B, T, D] -> q: [B, T, H, Dh], k/v: [B, T, Hkv, Dh]
   at::Tensor q = q_proj(x).view({B, T, heads_, head_dim_});
@@ -51,7 +51,19 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     k = ck.narrow(2, 0, past + T);  // [B, Hkv, S, Dh]
     v = cv.narrow(2, 0, past + T);
   }
-  const at::Tensor out = nn::attention(q, k, v, mask);  // [B, H, T, Dh]
+  at::Tensor out;  // [B, H, T, Dh]
+  if (chunk != nullptr) {
+    // ChunkFlow: the stored K/V of earlier chunks come first, this chunk's own last; they are never concatenated.
+    chunk->keys[layer] = k;
+    chunk->values[layer] = v;
+    std::vector<at::Tensor> keys = chunk->past_keys.empty() ? std::vector<at::Tensor>{} : chunk->past_keys[layer];
+    std::vector<at::Tensor> values = chunk->past_values.empty() ? std::vector<at::Tensor>{} : chunk->past_values[layer];
+    keys.push_back(k);
+    values.push_back(v);
+    out = nn::attention_blocks(q, keys, values, mask);
+  } else {
+    out = nn::attention(q, k, v, mask);
+  }
   return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -77,8 +89,8 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c) {
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                     const at::Tensor& mask, nn::KVCache* cache, int64_t layer) {
-  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, layer);
+                                     const at::Tensor& mask, nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer) {
+  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, chunk, layer);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -109,7 +121,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     auto* call = reinterpret_cast<LayerCall*>(call_address);
     ctx->saved_data["call"] = call_address;
     ctx->save_for_backward({x});
-    return {call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, call->index)};
+    return {call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, nullptr, call->index)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -129,7 +141,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     at::Tensor out;
     {
       at::AutoGradMode grad(true);
-      out = call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, call->index);
+      out = call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, nullptr, call->index);
     }
     at::autocast::set_cpu_enabled(cpu_now);
     at::autocast::set_enabled(gpu_now);
@@ -163,7 +175,10 @@ nn::KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const ForwardOptions& options) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  const int64_t past = options.cache != nullptr ? options.cache->length : 0;
+  TORCH_CHECK(options.cache == nullptr || options.chunk == nullptr, "a forward takes a KV cache or chunk state, not both");
+  const int64_t past = options.cache != nullptr ? options.cache->length
+                       : options.chunk != nullptr ? options.chunk->past_length
+                                                  : 0;
   const at::Device dev = input_ids.device();
   at::Tensor positions = options.position_ids;
   if (!positions.defined()) {
@@ -174,7 +189,11 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   const at::Tensor mask =
       nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
   const bool checkpointing = gradient_checkpointing_ && is_training() && at::GradMode::is_enabled() &&
-                             options.cache == nullptr;
+                             options.cache == nullptr && options.chunk == nullptr;
+  if (options.chunk != nullptr) {
+    options.chunk->keys.assign(config_.num_hidden_layers, at::Tensor());
+    options.chunk->values.assign(config_.num_hidden_layers, at::Tensor());
+  }
   if (checkpointing) {
     checkpoint_calls_.clear();  // the previous step's backward has run
     // The recomputed layers need an input that requires grad, or nothing upstream of them would get gradients.
@@ -183,7 +202,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<DecoderLayer>();
     if (!checkpointing) {
-      h = layer->forward(h, cos, sin, mask, options.cache, i);
+      h = layer->forward(h, cos, sin, mask, options.cache, options.chunk, i);
       continue;
     }
     auto call = std::make_shared<LayerCall>(LayerCall{layer, cos, sin, mask, i,

@@ -18,6 +18,8 @@ class Checkpoint;
 /// Options of one decoder forward pass.
 struct ForwardOptions {
   nn::KVCache* cache = nullptr;  // when set, new K/V are written at [cache->length, +T) and the cache advances
+  nn::ChunkKV* chunk = nullptr;  // ChunkFlow: attend to earlier chunks' K/V (past = chunk->past_length) and
+                                 // hand this chunk's K/V back; not with `cache`
   at::Tensor position_ids;       // [B, T] int64; default past + arange(T)
   at::Tensor key_valid;          // [B, past + T] bool: false on padding keys; undefined = all valid
   at::Tensor segment_ids;        // [B, past + T] int64: packed samples; tokens attend only within their segment
@@ -29,7 +31,7 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const DecoderConfig& config);
   /// x: [B, T, D] -> [B, T, D]. cos/sin: [B, 1, T, Dh]; mask as nn::attention takes it.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
-                     nn::KVCache* cache, int64_t layer);
+                     nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer);
 
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
@@ -54,7 +56,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   explicit DecoderLayerImpl(const DecoderConfig& config);
   /// Pre-norm residual block. x: [B, T, D] -> [B, T, D]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
-                     nn::KVCache* cache, int64_t layer);
+                     nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer);
 
   Attention self_attn{nullptr};
   MLP mlp{nullptr};

@@ -50,13 +50,13 @@ std::vector<std::string> logged_losses(const fs::path& run_dir) {
 }
 
 // Starts `swiftcpp train`, waits until checkpoint-3 exists, then sends `signal`; returns the exit code.
-int run_and_signal(const fs::path& out, const std::string& signal) {
+int run_and_signal(const fs::path& out, const std::string& signal, const std::string& extra = "") {
   fs::create_directories(out);
   const std::string cmd = fmt::format(
       "{} {} >{}/log.txt 2>&1 & pid=$!; "
       "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
       "kill -{} $pid; wait $pid",
-      SWIFTCPP_BINARY, train_args(out), out.string(), out.string(), signal);
+      SWIFTCPP_BINARY, train_args(out, extra), out.string(), out.string(), signal);
   const int status = std::system(("bash -c '" + cmd + "'").c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -104,6 +104,47 @@ TEST(TrainCli, WritesTheRunFolderAndResumesExactlyAfterSigtermAndHardKill) {
     EXPECT_NE(resumed.out.find("resuming from"), std::string::npos) << resumed.out;
     EXPECT_EQ(logged_losses(only_run_dir(out)), expected);
   }
+}
+
+// ChunkFlow end to end: the same losses as padded batches (no dropout), peak memory in the log, and an exact
+// resume after SIGTERM. With max_length 128 and chunk_size 32 the longer samples become up to 4 dependent chunks.
+TEST(TrainCli, ChunkFlowTrainsLikePaddingAndResumesExactly) {
+  const fs::path base = test::temp_dir("train_cli_chunkflow");
+  const std::string common = "lora_dropout=0 eval_steps=100";
+  const auto padded = run_cli(train_args(base / "padded", common));
+  ASSERT_EQ(padded.code, 0) << padded.out;
+  const std::string chunkflow = common + " batching=chunkflow chunk_size=32 chunk_keep=1";
+  const auto straight = run_cli(train_args(base / "straight", chunkflow));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  EXPECT_NE(straight.out.find("ChunkFlow chunks of 32 tokens keeping 1"), std::string::npos) << straight.out;
+  const auto records = [](const fs::path& run) {
+    std::vector<Json> out;
+    std::ifstream in(run / "logging.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const Json j = Json::parse(line);
+      if (j.contains("loss")) out.push_back(j);
+    }
+    return out;
+  };
+  const auto a = records(only_run_dir(base / "padded")), b = records(only_run_dir(base / "straight"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i]["loss"].get<double>(), y = b[i]["loss"].get<double>();
+    EXPECT_NEAR(x, y, 1e-4 * x) << "step " << i + 1;
+    EXPECT_GT(b[i]["peak_memory_bytes"].get<int64_t>(), 0);
+  }
+  const fs::path out = base / "TERM";
+  EXPECT_EQ(run_and_signal(out, "TERM", chunkflow), 143);
+  ASSERT_FALSE(fs::exists(only_run_dir(out) / "checkpoint-8")) << "the run finished before the signal";
+  const auto resumed = run_cli(train_args(out, chunkflow + " resume_from_checkpoint=latest"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(logged_losses(only_run_dir(out)), logged_losses(only_run_dir(base / "straight")));
+  // A checkpoint of the ChunkFlow run does not resume as a padded run.
+  const auto refused = run_cli(train_args(out, common + " resume_from_checkpoint=latest"));
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("batching"), std::string::npos) << refused.out;
 }
 
 TEST(TrainCli, RefusesACheckpointOfAnotherSetupAndBadRecipes) {

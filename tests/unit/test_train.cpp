@@ -172,7 +172,13 @@ TEST(Trainer, GradientCheckpointingGivesTheSameLossAndGradients) {
   EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-6 * a.grad_norm);
   const auto ga = grads_of(plain), gb = grads_of(checkpointed);
   ASSERT_EQ(ga.size(), gb.size());
-  for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(at::allclose(ga[i], gb[i], 1e-5, 1e-7)) << i;
+  // The first pass of a checkpointed layer runs without autograd (the math attention kernel), its recomputation
+  // with it (the recomputing kernel): the two agree to float32 rounding, so elements are compared to 1e-5 of the
+  // tensor's largest. A dropout mask that did not replay would differ by far more.
+  for (size_t i = 0; i < ga.size(); ++i) {
+    EXPECT_TRUE(at::allclose(ga[i], gb[i], 1e-5, 1e-5 * ga[i].abs().max().item<double>())) << i << ": max diff " << (ga[i] - gb[i]).abs().max().item<double>()
+                                                       << " of " << ga[i].abs().max().item<double>();
+  }
 }
 
 TEST(Trainer, Bf16AutocastTrainsCloseToFloat32) {
