@@ -147,6 +147,20 @@ TEST(TrainCli, ChunkFlowTrainsLikePaddingAndResumesExactly) {
   EXPECT_NE(refused.out.find("batching"), std::string::npos) << refused.out;
 }
 
+TEST(TrainCli, TuneChunksTimesTheGridAndRecommendsAFittingPair) {
+  const fs::path base = test::temp_dir("train_cli_tune");
+  const auto r = run_cli(train_args(base, "--tune-chunks --tune-budget 128 --tune-steps 2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* row : {"| 128 | 1 |", "| 64 | 2 |", "recommended: batching=chunkflow chunk_size="}) {
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << " in\n" << r.out;
+  }
+  EXPECT_EQ(r.out.find("| 32 | 4 |"), std::string::npos) << r.out;  // below the smallest chunk size tried
+  EXPECT_TRUE(fs::is_empty(base)) << "the temporary runs were not removed";
+  const auto none = run_cli(train_args(base, "--tune-chunks --tune-budget 128 --tune-steps 2 --memory-limit-mib 0.001"));
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("fits 0.001 MiB"), std::string::npos) << none.out;
+}
+
 TEST(TrainCli, RefusesACheckpointOfAnotherSetupAndBadRecipes) {
   const fs::path out = test::temp_dir("train_refuse");
   ASSERT_EQ(run_cli(train_args(out, "max_steps=3")).code, 0);
