@@ -23,7 +23,14 @@ def main():
     ap.add_argument("--command", default="")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
-    results = [json.load(open(f)) for f in a.files]
+    results = []
+    for f in a.files:  # throughput files of one mix (one per mode) merge into one table
+        r = json.load(open(f))
+        same = [x for x in results if x["benchmark"] == "throughput" == r["benchmark"] and x["mix"] == r["mix"]]
+        if same:
+            same[0]["results"] += r["results"]
+        else:
+            results.append(r)
     first = results[0]
     print(f"Machine: {cpu_line()}, BLAS {first.get('blas')}, {first.get('threads')} threads; model {first['model']}.")
     print(f"Command: `{a.command}`\n")

@@ -10,13 +10,13 @@
 # 2. throughput, for each mix in MIXES: GLOBAL_BATCH sequences per optimizer step drawn from LONG_CONTEXT.md's
 #    length distribution, lengths divided by SCALE and capped at MAX_LENGTH; padding in micro-batches of MICRO,
 #    packing into rows of MAX_LENGTH, ChunkFlow with (TP_CHUNK, TP_KEEP); WARMUP untimed + STEPS timed steps each,
-#    on the same batches.
+#    on the same batches, each mode in its own process.
 # bench/report_chunkflow.py turns the JSON into the markdown tables of docs/benchmarks.md.
 #
 # Knobs [defaults]: BUILD_DIR [build] MODEL [bench/models/bench25m] THREADS [2] CHUNK [256] KEEP [1]
 #   MULTIPLES ["2 4 8 16"] MIXES ["lmsys chatqa2"] SCALE [16] MAX_LENGTH [4096] GLOBAL_BATCH_lmsys [128]
 #   GLOBAL_BATCH_chatqa2 [8] GLOBAL_BATCH_wikipedia [128] MICRO [4] TP_CHUNK [512] TP_KEEP [1] WARMUP [1]
-#   STEPS [3] SKIP_MEMORY [0] PYTHON [/usr/bin/python3]
+#   STEPS [3] MODES ["padding packing chunkflow"] SKIP_MEMORY [0] PYTHON [/usr/bin/python3]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -35,6 +35,7 @@ TP_KEEP=${TP_KEEP:-1}
 WARMUP=${WARMUP:-1}
 STEPS=${STEPS:-3}
 SKIP_MEMORY=${SKIP_MEMORY:-0}
+MODES=${MODES:-padding packing chunkflow}
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 BIN=$BUILD_DIR/bin/swiftcpp_bench_chunkflow
@@ -64,14 +65,17 @@ for mix in $MIXES; do
     default=128
     [[ $mix == chatqa2 ]] && default=8
     gb=${!var:-$default}
-    cmd=("$BIN" --model "$MODEL" --threads "$THREADS" throughput --mix "$mix" --scale "$SCALE" --max-length "$MAX_LENGTH"
-         --global-batch "$gb" --micro-batch "$MICRO" --chunk-size "$TP_CHUNK" --keep "$TP_KEEP" --warmup "$WARMUP"
-         --steps "$STEPS")
-    echo "[throughput $mix] ${cmd[*]}" >&2
-    "${cmd[@]}" >"$OUT/throughput-$mix.json" 2> >(tee "$OUT/throughput-$mix.log" >&2)
-    FILES+=("$OUT/throughput-$mix.json")
+    # One process per mode, back to back: a mode never inherits another's heap.
+    for mode in $MODES; do
+        cmd=("$BIN" --model "$MODEL" --threads "$THREADS" throughput --mix "$mix" --scale "$SCALE"
+             --max-length "$MAX_LENGTH" --global-batch "$gb" --micro-batch "$MICRO" --chunk-size "$TP_CHUNK"
+             --keep "$TP_KEEP" --warmup "$WARMUP" --steps "$STEPS" --modes "$mode")
+        echo "[throughput $mix $mode] ${cmd[*]}" >&2
+        "${cmd[@]}" >"$OUT/throughput-$mix-$mode.json" 2> >(tee "$OUT/throughput-$mix-$mode.log" >&2)
+        FILES+=("$OUT/throughput-$mix-$mode.json")
+    done
 done
 CMD="CHUNK=$CHUNK KEEP=$KEEP MULTIPLES='$MULTIPLES' MIXES='$MIXES' SCALE=$SCALE MAX_LENGTH=$MAX_LENGTH MICRO=$MICRO"
-CMD+=" TP_CHUNK=$TP_CHUNK TP_KEEP=$TP_KEEP WARMUP=$WARMUP STEPS=$STEPS bash bench/run_chunkflow.sh"
+CMD+=" TP_CHUNK=$TP_CHUNK TP_KEEP=$TP_KEEP WARMUP=$WARMUP STEPS=$STEPS SKIP_MEMORY=$SKIP_MEMORY bash bench/run_chunkflow.sh"
 "$PYTHON" bench/report_chunkflow.py --command "$CMD" "${FILES[@]}" | tee "$OUT/report.md"
 echo "raw results: $OUT/" >&2

@@ -24,7 +24,6 @@ namespace {
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
-std::atomic<bool> g_installed{false};
 
 // Each block carries its size in a header as long as the CPU allocator's alignment, so the raw deleter can count
 // what it frees.
@@ -70,6 +69,15 @@ class CountingCpuAllocator final : public c10::Allocator {
 #endif
 };
 
+#ifdef SWIFTCPP_WITH_CUDA
+// allocated_bytes[0] is the aggregate over pools (StatType::AGGREGATE); `auto` keeps this independent of where
+// LibTorch versions declare the statistics types.
+int64_t cuda_allocated(const c10::Device& device, bool peak) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  return peak ? stats.allocated_bytes[0].peak : stats.allocated_bytes[0].current;
+}
+#endif
+
 }  // namespace
 
 void install_memory_tracking() {
@@ -77,26 +85,19 @@ void install_memory_tracking() {
   std::call_once(once, [] {
     static CountingCpuAllocator allocator;
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
-    g_installed = true;
   });
 }
 
 int64_t current_memory_bytes(const c10::Device& device) {
 #ifdef SWIFTCPP_WITH_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].current;
-  }
+  if (device.is_cuda()) return cuda_allocated(device, false);
 #endif
   return device.is_cpu() ? g_current.load() : 0;
 }
 
 int64_t peak_memory_bytes(const c10::Device& device) {
 #ifdef SWIFTCPP_WITH_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].peak;
-  }
+  if (device.is_cuda()) return cuda_allocated(device, true);
 #endif
   return device.is_cpu() ? g_peak.load() : 0;
 }

@@ -11,6 +11,7 @@
 #include "data/collate.h"
 #include "models/decoder/decoder.h"
 #include "tests/test_util.h"
+#include "tests/tiny_model.h"
 #include "train/chunkflow.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -136,26 +137,7 @@ TEST(ChunkFlowAttention, BlocksEqualTheMathKernelInValueAndGradient) {
   }
 }
 
-// A tiny random Llama.
-CausalLM tiny_model(at::ScalarType dtype) {
-  DecoderConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 50;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  CausalLM model(c);
-  torch::manual_seed(3);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.set_data(at::randn(p.sizes(), at::kDouble).mul(0.3).to(dtype));
-  model->train();
-  return model;
-}
+CausalLM tiny_model(at::ScalarType dtype) { return test::tiny_llama(50, 3, dtype); }
 
 std::vector<at::Tensor> take_grads(CausalLM& model) {
   std::vector<at::Tensor> g;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/collate.h"
 #include "models/decoder/decoder.h"
+#include "tests/tiny_model.h"
 
 namespace swiftcpp {
 namespace {
@@ -37,25 +38,7 @@ TEST(Packing, BestFitDecreasingPlacesEverySampleOnceWithinCapacity) {
   EXPECT_THROW(pack_best_fit_decreasing({33}, 32), ConfigError);
 }
 
-// A tiny random Llama in float64.
-CausalLM tiny_model() {
-  DecoderConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 40;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  CausalLM model(c);
-  torch::manual_seed(3);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.set_data(at::randn(p.sizes(), at::kDouble) * 0.3);
-  return model;
-}
+CausalLM tiny_model() { return test::tiny_llama(40, 2); }
 
 std::vector<Sample> random_samples(int n, uint32_t seed) {
   std::mt19937 rng(seed);
