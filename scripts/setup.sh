@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package swiftcpp's build, tests and benchmarks need. Idempotent.
+# Installs every Debian package swiftcpp's build, tests and benchmarks need, then (best effort) the pinned llama.cpp npm
+# package the GGUF interop test runs (scripts/setup_llama_interop.sh). Idempotent.
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build ccache pkg-config
@@ -19,3 +20,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+bash "$(dirname "${BASH_SOURCE[0]}")/setup_llama_interop.sh"

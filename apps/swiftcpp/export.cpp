@@ -1,4 +1,5 @@
-// `swiftcpp export`: a model (optionally with a LoRA/DoRA adapter merged in) written as a Hugging Face checkpoint.
+// `swiftcpp export`: a model (optionally with a LoRA/DoRA adapter merged in) written as a Hugging Face checkpoint
+// or as a GGUF file for llama.cpp.
 #include <unistd.h>
 
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "core/json.h"
 #include "io/safetensors.h"
 #include "peft/lora.h"
+#include "quant/gguf_model.h"
 
 namespace swiftcpp::app {
 
@@ -19,8 +21,29 @@ struct ExportOptions {
   bool merge_lora = false;
   std::string output;
   std::string dtype = "float32";
+  std::string format = "hf";
+  std::string quant = "f32";
   bool overwrite = false;
 };
+
+int write_gguf(CausalLM& model, const ExportOptions& o) {
+  const fs::path out = o.output;
+  if (fs::is_directory(out)) fail<ConfigError>("--output {} is a folder; --format gguf writes one file", out.string());
+  if (fs::exists(out) && !o.overwrite) {
+    fail<ConfigError>("--output {} exists (pass --overwrite to replace it)", out.string());
+  }
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  GgufExportOptions options;
+  options.type = parse_ggml_type(o.quant);
+  const GgufExportReport r = export_gguf(model, o.model, out, options);
+  std::cerr << fmt::format("wrote {} (GGUF v3, architecture {}, {} tensors, {}{}, {} vocabulary)\n", out.string(),
+                           r.architecture, r.tensors, ggml_type_name(options.type),
+                           r.fallback_tensors > 0 ? fmt::format("; {} with rows that do not divide into blocks as F16",
+                                                                r.fallback_tensors)
+                                                  : "",
+                           r.tokenizer_model == "llama" ? "sentencepiece" : r.tokenizer_model);
+  return 0;
+}
 
 std::string hf_dtype_name(at::ScalarType t) {
   switch (t) {
@@ -35,8 +58,9 @@ int run_export(const ExportOptions& o) {
     fail<ConfigError>("--adapters needs --merge-lora (the adapter folder itself is already in the PEFT layout)");
   }
   if (o.merge_lora && o.adapters.empty()) fail<ConfigError>("--merge-lora needs --adapters DIR");
+  if (o.format == "hf" && o.quant != "f32") fail<ConfigError>("--quant is for --format gguf (use --dtype for hf)");
   const fs::path out_dir = o.output;
-  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !o.overwrite) {
+  if (o.format == "hf" && fs::exists(out_dir) && !fs::is_empty(out_dir) && !o.overwrite) {
     fail<ConfigError>("--output {} exists and is not empty (pass --overwrite to replace it)", out_dir.string());
   }
   const at::ScalarType dtype = parse_dtype(o.dtype);
@@ -50,6 +74,7 @@ int run_export(const ExportOptions& o) {
     std::cerr << fmt::format("merged {} (r {}, alpha {}{}) into {}\n", o.adapters, adapter.r, adapter.lora_alpha,
                              adapter.use_dora ? ", DoRA" : "", o.model);
   }
+  if (o.format == "gguf") return write_gguf(model, o);
   const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -93,13 +118,21 @@ int run_export(const ExportOptions& o) {
 
 CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals) {
   auto o = std::make_shared<ExportOptions>();
-  CLI::App* cmd = root.add_subcommand("export", "Write a Hugging Face checkpoint, optionally merging a LoRA adapter");
+  CLI::App* cmd = root.add_subcommand("export", "Write a Hugging Face checkpoint or a GGUF file, optionally merging a "
+                                      "LoRA adapter");
   cmd->add_option("--model", o->model, "Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--adapters", o->adapters, "PEFT adapter folder to merge")->check(CLI::ExistingDirectory);
   cmd->add_flag("--merge-lora", o->merge_lora, "Fold the adapter into the base weights");
-  cmd->add_option("--output", o->output, "Folder to write (config.json, model.safetensors, tokenizer files)")->required();
+  cmd->add_option("--output", o->output, "Folder to write (config.json, model.safetensors, tokenizer files), or the "
+                  ".gguf file with --format gguf")->required();
   cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();
-  cmd->add_flag("--overwrite", o->overwrite, "Replace a non-empty --output folder");
+  cmd->add_option("--format", o->format, "hf (a checkpoint folder) or gguf (one file for llama.cpp)")
+      ->check(CLI::IsMember({"hf", "gguf"}))
+      ->capture_default_str();
+  cmd->add_option("--quant", o->quant, "GGUF tensor type of 2-D weights: f32, f16, q8_0 or q4_0")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}))
+      ->capture_default_str();
+  cmd->add_flag("--overwrite", o->overwrite, "Replace an existing --output");
   return [o]() { return run_export(*o); };
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "apps/swiftcpp/commands.h"
+#include "quant/gguf_model.h"
 #include "peft/lora.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -25,6 +26,7 @@ namespace {
 
 struct InferOptions {
   std::string model;
+  std::string tokenizer;  // tokenizer folder for a GGUF model
   std::string prompt;
   bool has_prompt = false;
   std::string prompts_file;
@@ -245,9 +247,19 @@ int run_infer(const InferOptions& o) {
   LoadOptions load;
   load.device = parse_device(o.device);
   load.dtype = parse_dtype(o.dtype);
-  const fs::path model_dir = o.model;
+  // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
+  // Hugging Face folder (--tokenizer, else the file's own folder), checked against the GGUF's vocabulary.
+  const bool gguf = fs::is_regular_file(o.model);
+  if (!gguf && !o.tokenizer.empty()) fail<ConfigError>("--tokenizer is for a GGUF --model file");
+  const fs::path model_dir = !gguf ? fs::path(o.model) : !o.tokenizer.empty() ? fs::path(o.tokenizer)
+                                                                               : fs::absolute(o.model).parent_path();
+  if (gguf && !fs::exists(model_dir / "tokenizer.model") && !fs::exists(model_dir / "tokenizer.json") &&
+      !fs::exists(model_dir / "vocab.json")) {
+    fail<ConfigError>("{} is a GGUF file and {} holds no tokenizer: pass --tokenizer DIR (the Hugging Face folder it "
+                      "was exported from)", o.model, model_dir.string());
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  CausalLM model = load_causal_lm(model_dir, load);
+  CausalLM model = gguf ? load_gguf_model(o.model, load) : load_causal_lm(model_dir, load);
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     model->eval();
@@ -256,7 +268,8 @@ int run_infer(const InferOptions& o) {
               << std::endl;
   }
   auto tokenizer = load_tokenizer(model_dir);
-  std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", model_dir.string(),
+  if (gguf) check_gguf_vocabulary(*GgufFile::open(o.model), *tokenizer, model_dir.string());
+  std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", o.model,
                            model->config().num_hidden_layers, model->config().hidden_size, o.device, o.dtype,
                            seconds_since(t0))
             << std::endl;
@@ -298,8 +311,11 @@ int run_infer(const InferOptions& o) {
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   auto o = std::make_shared<InferOptions>();
   CLI::App* cmd = root.add_subcommand("infer", "Generate text with a model (KV cache, sampling, streaming)");
-  cmd->add_option("--model", o->model, "Hugging Face model folder (config.json, safetensors, tokenizer)")
+  cmd->add_option("--model", o->model, "Hugging Face model folder (config.json, safetensors, tokenizer), or a .gguf file")
       ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
+                  "file's folder)")
       ->check(CLI::ExistingDirectory);
   cmd->add_option_function<std::string>("--prompt", [o](const std::string& p) { o->prompt = p; o->has_prompt = true; },
                                         "Prompt text (an empty prompt starts from BOS alone)");

@@ -1,0 +1,380 @@
+#include "quant/gguf_model.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "core/error.h"
+#include "core/text.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp {
+
+std::string gguf_architecture(const std::string& model_type) {
+  if (model_type == "llama" || model_type == "mistral") return "llama";
+  if (model_type == "qwen2" || model_type == "qwen3") return model_type;
+  fail<ConfigError>("GGUF export supports llama, mistral, qwen2 and qwen3 models (got model_type {})", model_type);
+}
+
+at::Tensor permute_qk(const at::Tensor& w, int64_t heads) {
+  // [heads * 2 * half, in] -> [heads, 2, half, in] -> [heads, half, 2, in]
+  const int64_t half = w.size(0) / heads / 2;
+  return w.reshape({heads, 2, half, -1}).transpose(1, 2).reshape(w.sizes());
+}
+
+at::Tensor permute_qk_inverse(const at::Tensor& w, int64_t heads) {
+  const int64_t half = w.size(0) / heads / 2;
+  return w.reshape({heads, half, 2, -1}).transpose(1, 2).reshape(w.sizes());
+}
+
+namespace {
+
+// Protobuf wire format, just enough for sentencepiece's ModelProto.
+class Proto {
+ public:
+  Proto(const uint8_t* p, size_t n, const fs::path& file) : p_(p), end_(p + n), file_(file) {}
+  bool done() const { return p_ >= end_; }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (p_ >= end_) bad("a truncated varint");
+      const uint8_t b = *p_++;
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    bad("an over-long varint");
+  }
+  std::pair<const uint8_t*, size_t> bytes() {
+    const uint64_t n = varint();
+    if (n > static_cast<uint64_t>(end_ - p_)) bad("a field longer than its message");
+    const uint8_t* start = p_;
+    p_ += n;
+    return {start, static_cast<size_t>(n)};
+  }
+  float fixed32() {
+    if (end_ - p_ < 4) bad("a truncated 32-bit field");
+    float f;
+    std::memcpy(&f, p_, 4);
+    p_ += 4;
+    return f;
+  }
+  void skip(uint32_t wire) {
+    switch (wire) {
+      case 0: varint(); return;
+      case 1:
+        if (end_ - p_ < 8) bad("a truncated 64-bit field");
+        p_ += 8;
+        return;
+      case 2: bytes(); return;
+      case 5: fixed32(); return;
+      default: bad("an unknown wire type");
+    }
+  }
+  [[noreturn]] void bad(const char* what) const {
+    fail<FormatError>("{}: not a sentencepiece model: {}", file_.string(), what);
+  }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+  const fs::path& file_;
+};
+
+}  // namespace
+
+SentencePieceVocab read_sentencepiece_vocab(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail<IoError>("cannot read {}", file.string());
+  const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SentencePieceVocab vocab;
+  Proto model(data.data(), data.size(), file);
+  while (!model.done()) {
+    const uint64_t tag = model.varint();
+    if (tag >> 3 != 1 || (tag & 7) != 2) {
+      model.skip(static_cast<uint32_t>(tag & 7));
+      continue;
+    }
+    const auto [p, n] = model.bytes();
+    Proto piece(p, n, file);
+    std::string text;
+    float score = 0;
+    int32_t type = 1;  // NORMAL
+    while (!piece.done()) {
+      const uint64_t t = piece.varint();
+      if (t == (1 << 3 | 2)) {
+        const auto [s, len] = piece.bytes();
+        text.assign(reinterpret_cast<const char*>(s), len);
+      } else if (t == (2 << 3 | 5)) {
+        score = piece.fixed32();
+      } else if (t == (3 << 3 | 0)) {
+        type = static_cast<int32_t>(piece.varint());
+      } else {
+        piece.skip(static_cast<uint32_t>(t & 7));
+      }
+    }
+    vocab.pieces.push_back(std::move(text));
+    vocab.scores.push_back(score);
+    vocab.types.push_back(type);
+  }
+  if (vocab.pieces.empty()) fail<FormatError>("{}: not a sentencepiece model: no pieces", file.string());
+  return vocab;
+}
+
+namespace {
+
+// llama.cpp's name of a decoder parameter ("" for none).
+std::string gguf_tensor_name(const std::string& hf) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  static const std::vector<std::pair<std::string, std::string>> parts = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.bias", "attn_output.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"mlp.gate_proj.bias", "ffn_gate.bias"},
+      {"mlp.up_proj.bias", "ffn_up.bias"},
+      {"mlp.down_proj.bias", "ffn_down.bias"},
+  };
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return "";
+  const size_t dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
+  const std::string rest = hf.substr(dot + 1);
+  for (const auto& [from, to] : parts) {
+    if (rest == from) return "blk." + layer + "." + to;
+  }
+  return "";
+}
+
+uint32_t file_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return 0;
+    case GgmlType::F16: return 1;
+    case GgmlType::Q4_0: return 2;
+    case GgmlType::Q8_0: return 7;
+  }
+  return 0;
+}
+
+}  // namespace
+
+GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const fs::path& file,
+                             const GgufExportOptions& options) {
+  const DecoderConfig& c = model->config();
+  GgufExportReport report;
+  const std::string arch = gguf_architecture(c.model_type);
+  report.architecture = arch;
+  if (c.rope_scaling.type != "default" && c.rope_scaling.type != "linear") {
+    fail<ConfigError>("GGUF export: rope_scaling type {} is not supported yet (default and linear are)",
+                      c.rope_scaling.type);
+  }
+  GgufWriter w;
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name", options.name.empty() ? model_dir.filename().string() : options.name);
+  w.set_u32("general.file_type", file_type(options.type));
+  if (options.type == GgmlType::Q8_0 || options.type == GgmlType::Q4_0) w.set_u32("general.quantization_version", 2);
+  w.set_u32(arch + ".context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  w.set_u32(arch + ".embedding_length", static_cast<uint32_t>(c.hidden_size));
+  w.set_u32(arch + ".block_count", static_cast<uint32_t>(c.num_hidden_layers));
+  w.set_u32(arch + ".feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  w.set_u32(arch + ".attention.head_count", static_cast<uint32_t>(c.num_attention_heads));
+  w.set_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(c.num_key_value_heads));
+  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.set_f32(arch + ".rope.freq_base", c.rope_theta);
+  w.set_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  w.set_u32(arch + ".vocab_size", static_cast<uint32_t>(c.vocab_size));
+  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
+    w.set_u32(arch + ".attention.key_length", static_cast<uint32_t>(c.head_dim));
+    w.set_u32(arch + ".attention.value_length", static_cast<uint32_t>(c.head_dim));
+  }
+  if (c.rope_scaling.type == "linear") {
+    w.set_string(arch + ".rope.scaling.type", "linear");
+    w.set_f32(arch + ".rope.scaling.factor", c.rope_scaling.factor);
+  }
+
+  // Tokenizer: sentencepiece pieces, scores and types, the checkpoint's special tokens and chat template.
+  const fs::path spm = model_dir / "tokenizer.model";
+  if (!fs::exists(spm)) {
+    fail<ConfigError>("GGUF export: {} has no tokenizer.model; only sentencepiece vocabularies are exported so far "
+                      "(byte-level BPE is not yet)", model_dir.string());
+  }
+  const SentencePieceVocab vocab = read_sentencepiece_vocab(spm);
+  if (static_cast<int64_t>(vocab.pieces.size()) > c.vocab_size) {
+    fail<ConfigError>("GGUF export: {} has {} pieces, more than the model's vocab_size {}", spm.string(),
+                      vocab.pieces.size(), c.vocab_size);
+  }
+  Json tokens = Json::array(), scores = Json::array(), types = Json::array();
+  for (size_t i = 0; i < vocab.pieces.size(); ++i) {
+    tokens.push_back(vocab.pieces[i]);
+    scores.push_back(vocab.scores[i]);
+    types.push_back(vocab.types[i]);
+  }
+  for (int64_t i = static_cast<int64_t>(vocab.pieces.size()); i < c.vocab_size; ++i) {  // embedding rows past the
+    tokens.push_back(fmt::format("[PAD{}]", i));                                         // vocabulary, as llama.cpp's
+    scores.push_back(-1000.0);                                                           // converter pads them
+    types.push_back(5);  // UNUSED
+  }
+  report.tokenizer_model = "llama";
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_array("tokenizer.ggml.tokens", GgufType::STRING, tokens);
+  w.set_array("tokenizer.ggml.scores", GgufType::FLOAT32, scores);
+  w.set_array("tokenizer.ggml.token_type", GgufType::INT32, types);
+  const auto tokenizer = load_tokenizer(model_dir);
+  const SpecialTokens& sp = tokenizer->specials();
+  if (sp.bos) w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*sp.bos));
+  if (!sp.eos.empty()) w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(sp.eos.front()));
+  if (sp.pad) w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(*sp.pad));
+  for (size_t i = 0; i < vocab.types.size(); ++i) {
+    if (vocab.types[i] == 2) {
+      w.set_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(i));
+      break;
+    }
+  }
+  w.set_bool("tokenizer.ggml.add_bos_token", sp.add_bos);
+  w.set_bool("tokenizer.ggml.add_eos_token", sp.add_eos);
+  if (fs::exists(model_dir / "tokenizer_config.json")) {
+    const Json tc = load_json_file(model_dir / "tokenizer_config.json");
+    if (tc.contains("chat_template") && tc["chat_template"].is_string()) {
+      w.set_string("tokenizer.chat_template", tc["chat_template"].get<std::string>());
+    }
+  }
+
+  // Tensors, in the decoder's order.
+  for (const auto& item : model->named_parameters(true)) {
+    const std::string name = gguf_tensor_name(item.key());
+    if (name.empty()) fail<ConfigError>("GGUF export: no llama.cpp name for parameter {}", item.key());
+    at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
+    if (arch == "llama" && item.key().find("self_attn.q_proj.weight") != std::string::npos) {
+      t = permute_qk(t, c.num_attention_heads);
+    } else if (arch == "llama" && item.key().find("self_attn.k_proj.weight") != std::string::npos) {
+      t = permute_qk(t, c.num_key_value_heads);
+    }
+    GgmlType type = t.dim() >= 2 ? options.type : GgmlType::F32;
+    if (t.size(-1) % ggml_block_size(type) != 0) {
+      type = GgmlType::F16;  // as llama.cpp's own converter falls back
+      ++report.fallback_tensors;
+    }
+    w.add_tensor(name, t, type);
+    ++report.tensors;
+  }
+  w.write(file);
+  return report;
+}
+
+DecoderConfig gguf_decoder_config(const GgufFile& f) {
+  const std::string arch = f.at("general.architecture").value.get<std::string>();
+  DecoderConfig c;
+  if (arch == "llama") {
+    c.model_type = "llama";
+  } else if (arch == "qwen2" || arch == "qwen3") {
+    c.model_type = arch;
+    c.qkv_bias = arch == "qwen2";
+    c.qk_norm = arch == "qwen3";
+  } else {
+    fail<ConfigError>("{}: GGUF architecture {} is not supported (llama, qwen2, qwen3 are)", f.path().string(), arch);
+  }
+  const auto num = [&](const std::string& key) {
+    const Json& v = f.at(arch + "." + key).value;
+    if (!v.is_number()) fail<FormatError>("{}: metadata {}.{} is not a number", f.path().string(), arch, key);
+    return v;
+  };
+  c.hidden_size = num("embedding_length").get<int64_t>();
+  c.num_hidden_layers = num("block_count").get<int64_t>();
+  c.intermediate_size = num("feed_forward_length").get<int64_t>();
+  c.num_attention_heads = num("attention.head_count").get<int64_t>();
+  c.num_key_value_heads = f.contains(arch + ".attention.head_count_kv") ? num("attention.head_count_kv").get<int64_t>()
+                                                                        : c.num_attention_heads;
+  c.max_position_embeddings = num("context_length").get<int64_t>();
+  c.rms_norm_eps = num("attention.layer_norm_rms_epsilon").get<double>();
+  c.rope_theta = f.contains(arch + ".rope.freq_base") ? num("rope.freq_base").get<double>() : 10000.0;
+  c.head_dim = f.contains(arch + ".attention.key_length") ? num("attention.key_length").get<int64_t>()
+                                                          : c.hidden_size / std::max<int64_t>(1, c.num_attention_heads);
+  if (f.contains(arch + ".rope.scaling.type") && f.at(arch + ".rope.scaling.type").value == "linear") {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = num("rope.scaling.factor").get<double>();
+  }
+  const GgufTensorInfo* embed = f.find_tensor("token_embd.weight");
+  if (embed == nullptr) fail<FormatError>("{}: no tensor token_embd.weight", f.path().string());
+  c.vocab_size = embed->torch_shape()[0];
+  c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
+  if (f.contains("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.at("tokenizer.ggml.bos_token_id").value.get<int64_t>();
+  if (f.contains("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.at("tokenizer.ggml.eos_token_id").value.get<int64_t>()};
+  c.validate(f.path().string());
+  return c;
+}
+
+CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options) {
+  const auto f = GgufFile::open(file);
+  const DecoderConfig c = gguf_decoder_config(*f);
+  CausalLM model(c);
+  std::vector<std::string> missing, misshaped;
+  std::set<std::string> used;
+  at::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters(true)) {
+    const std::string name = gguf_tensor_name(item.key());
+    const GgufTensorInfo* info = f->find_tensor(name);
+    if (info == nullptr) {
+      missing.push_back(name);
+      continue;
+    }
+    used.insert(name);
+    if (info->torch_shape() != item.value().sizes().vec()) {
+      misshaped.push_back(fmt::format("{} (file {}, expected {})", name, fmt::join(info->torch_shape(), "x"),
+                                      fmt::join(item.value().sizes(), "x")));
+      continue;
+    }
+    at::Tensor t = f->tensor(name);
+    if (c.model_type == "llama" && item.key().find("self_attn.q_proj.weight") != std::string::npos) {
+      t = permute_qk_inverse(t, c.num_attention_heads);
+    } else if (c.model_type == "llama" && item.key().find("self_attn.k_proj.weight") != std::string::npos) {
+      t = permute_qk_inverse(t, c.num_key_value_heads);
+    }
+    item.value().set_data(t.contiguous().to(options.device, options.dtype));
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& t : f->tensors()) {
+    if (used.count(t.name) == 0 && t.name != "rope_freqs.weight") unexpected.push_back(t.name);
+  }
+  if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
+    std::string msg = fmt::format("{}: GGUF tensors do not fit the {} decoder ({} layers, hidden {})", file.string(),
+                                  c.model_type, c.num_hidden_layers, c.hidden_size);
+    if (!missing.empty()) msg += "\n  missing: " + list_names(missing);
+    if (!misshaped.empty()) msg += "\n  wrong shape: " + list_names(misshaped);
+    if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected);
+    throw FormatError(msg);
+  }
+  model->eval();
+  return model;
+}
+
+void check_gguf_vocabulary(const GgufFile& f, const Tokenizer& tokenizer, const std::string& origin) {
+  const Json& tokens = f.at("tokenizer.ggml.tokens").value;
+  const int n = tokenizer.vocab_size();
+  if (static_cast<int64_t>(tokens.size()) < n) {
+    fail<ConfigError>("the tokenizer of {} has {} tokens, {} has {}: not the tokenizer this GGUF was made with", origin,
+                      n, f.path().string(), tokens.size());
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!tokens[static_cast<size_t>(i)].is_string() || tokens[static_cast<size_t>(i)].get<std::string>() != tokenizer.id_to_piece(i)) {
+      fail<ConfigError>("the tokenizer of {} differs from {}'s vocabulary at id {} ('{}' vs {}): not the tokenizer this "
+                        "GGUF was made with", origin, f.path().string(), i, tokenizer.id_to_piece(i),
+                        tokens[static_cast<size_t>(i)].dump());
+    }
+  }
+}
+
+}  // namespace swiftcpp
