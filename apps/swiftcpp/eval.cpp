@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
+#include "quant/gguf_model.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
@@ -22,6 +23,7 @@ namespace {
 
 struct EvalCliOptions {
   std::string model;
+  std::string tokenizer;  // tokenizer folder for a GGUF model
   std::string adapters;
   std::string tasks;
   std::string data_dir;
@@ -98,14 +100,16 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   LoadOptions load;
   load.device = parse_device(o.device);
   load.dtype = parse_dtype(o.dtype);
-  CausalLM model = load_causal_lm(o.model, load);
+  ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
+  CausalLM model = loaded.model;
+  const std::string assets_dir = loaded.assets_dir.string();  // tokenizer and templates (a GGUF's: --tokenizer)
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     std::cerr << fmt::format("[adapter {}: r {}, alpha {}{}]\n", o.adapters, adapter.r, adapter.lora_alpha,
                              adapter.use_dora ? ", DoRA" : "");
   }
   model->eval();
-  auto tokenizer = load_tokenizer(o.model);
+  auto tokenizer = loaded.tokenizer;
 
   eval::EvalOptions options;
   options.scorer.batch_size = o.batch_size;
@@ -117,7 +121,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   options.keep_requests = !o.dump_requests.empty();
   std::string template_name;
   if (o.apply_chat_template) {
-    template_name = o.chat_template.empty() ? detect_chat_template(o.model) : o.chat_template;
+    template_name = o.chat_template.empty() ? detect_chat_template(assets_dir) : o.chat_template;
     if (template_name.empty()) {
       fail<ConfigError>("--apply-chat-template: {} has no chat template (name one with --template)", o.model);
     }
@@ -232,7 +236,10 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
 CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vector<std::string>& argv) {
   auto o = std::make_shared<EvalCliOptions>();
   CLI::App* cmd = root.add_subcommand("eval", "Evaluate a model on MMLU, ARC, HellaSwag, GSM8K, perplexity or custom tasks");
-  cmd->add_option("--model", o->model, "Hugging Face model folder")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", o->model, "Hugging Face model folder, or a .gguf file")->required()->check(CLI::ExistingPath);
+  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
+                  "file's folder)")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--adapters", o->adapters, "PEFT LoRA/DoRA adapter folder applied on top of the model")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--tasks", o->tasks,

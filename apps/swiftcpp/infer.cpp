@@ -249,17 +249,10 @@ int run_infer(const InferOptions& o) {
   load.dtype = parse_dtype(o.dtype);
   // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
   // Hugging Face folder (--tokenizer, else the file's own folder), checked against the GGUF's vocabulary.
-  const bool gguf = fs::is_regular_file(o.model);
-  if (!gguf && !o.tokenizer.empty()) fail<ConfigError>("--tokenizer is for a GGUF --model file");
-  const fs::path model_dir = !gguf ? fs::path(o.model) : !o.tokenizer.empty() ? fs::path(o.tokenizer)
-                                                                               : fs::absolute(o.model).parent_path();
-  if (gguf && !fs::exists(model_dir / "tokenizer.model") && !fs::exists(model_dir / "tokenizer.json") &&
-      !fs::exists(model_dir / "vocab.json")) {
-    fail<ConfigError>("{} is a GGUF file and {} holds no tokenizer: pass --tokenizer DIR (the Hugging Face folder it "
-                      "was exported from)", o.model, model_dir.string());
-  }
   const auto t0 = std::chrono::steady_clock::now();
-  CausalLM model = gguf ? load_gguf_model(o.model, load) : load_causal_lm(model_dir, load);
+  ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
+  CausalLM model = loaded.model;
+  const fs::path model_dir = loaded.assets_dir;
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     model->eval();
@@ -267,8 +260,7 @@ int run_infer(const InferOptions& o) {
                              adapter.use_dora ? ", DoRA" : "")
               << std::endl;
   }
-  auto tokenizer = load_tokenizer(model_dir);
-  if (gguf) check_gguf_vocabulary(*GgufFile::open(o.model), *tokenizer, model_dir.string());
+  auto tokenizer = loaded.tokenizer;
   std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", o.model,
                            model->config().num_hidden_layers, model->config().hidden_size, o.device, o.dtype,
                            seconds_since(t0))
@@ -296,7 +288,7 @@ int run_infer(const InferOptions& o) {
     const std::vector<int64_t> ids = prompter.ids(o.prompt);
     const at::Tensor logits = gen.prompt_logits(ids);  // [T, V]
     save_safetensors(o.output_logits, {{"input_ids", at::tensor(ids, at::kLong)}, {"logits", logits}},
-                     {{"model", model_dir.string()}, {"dtype", o.dtype}});
+                     {{"model", o.model}, {"dtype", o.dtype}});
     std::cerr << fmt::format("[wrote logits [{}, {}] to {}]", logits.size(0), logits.size(1), o.output_logits)
               << std::endl;
   }

@@ -377,4 +377,22 @@ void check_gguf_vocabulary(const GgufFile& f, const Tokenizer& tokenizer, const 
   }
 }
 
+ModelWithTokenizer load_model_with_tokenizer(const std::string& model, const std::string& tokenizer_dir,
+                                             const LoadOptions& options) {
+  ModelWithTokenizer out;
+  out.gguf = fs::is_regular_file(model);
+  if (!out.gguf && !tokenizer_dir.empty()) fail<ConfigError>("--tokenizer is for a GGUF --model file");
+  out.assets_dir = !out.gguf ? fs::path(model) : !tokenizer_dir.empty() ? fs::path(tokenizer_dir)
+                                                                        : fs::absolute(model).parent_path();
+  if (out.gguf && !fs::exists(out.assets_dir / "tokenizer.model") && !fs::exists(out.assets_dir / "tokenizer.json") &&
+      !fs::exists(out.assets_dir / "vocab.json")) {
+    fail<ConfigError>("{} is a GGUF file and {} holds no tokenizer: pass --tokenizer DIR (the Hugging Face folder it "
+                      "was exported from)", model, out.assets_dir.string());
+  }
+  out.model = out.gguf ? load_gguf_model(model, options) : load_causal_lm(model, options);
+  out.tokenizer = load_tokenizer(out.assets_dir);
+  if (out.gguf) check_gguf_vocabulary(*GgufFile::open(model), *out.tokenizer, out.assets_dir.string());
+  return out;
+}
+
 }  // namespace swiftcpp

@@ -50,6 +50,20 @@ CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options = {});
 class Tokenizer;
 void check_gguf_vocabulary(const GgufFile& file, const Tokenizer& tokenizer, const std::string& tokenizer_origin);
 
+/// A model given as a Hugging Face folder or as a .gguf file, with its tokenizer. For a GGUF, tokenizer, templates
+/// and generation defaults come from `tokenizer_dir` (default: the file's folder), whose vocabulary must be the
+/// GGUF's; `assets_dir` says which folder that was. Throws ConfigError when a GGUF has no tokenizer folder, a
+/// tokenizer_dir is given for a folder model, or the vocabularies differ; otherwise the loaders' errors.
+class TextTokenizer;
+struct ModelWithTokenizer {
+  CausalLM model{nullptr};
+  std::shared_ptr<TextTokenizer> tokenizer;
+  fs::path assets_dir;
+  bool gguf = false;
+};
+ModelWithTokenizer load_model_with_tokenizer(const std::string& model, const std::string& tokenizer_dir,
+                                             const LoadOptions& options);
+
 /// Sentencepiece model proto fields: pieces, scores and types (NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4,
 /// UNUSED 5, BYTE 6; the numbering llama.cpp's token types use). Throws FormatError naming the file.
 struct SentencePieceVocab {

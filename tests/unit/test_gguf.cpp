@@ -224,6 +224,18 @@ TEST(GgufModel, InferRunsAGgufFileLikeTheCheckpointItCameFrom) {
                                              test::stories_dir().string()), dir / "gguf.txt");
   EXPECT_GT(a.size(), 20u);
   EXPECT_EQ(a, b);
+  // eval scores the GGUF exactly as the checkpoint (perplexity of a text, same token log-likelihoods).
+  const fs::path text = dir / "text.txt";
+  std::ofstream(text) << read_text_file(test::source_dir() / "tests/data/sft/alpaca_en_demo.json").substr(0, 3000);
+  const std::string eval = "--threads 1 eval --tasks perplexity=" + text.string() + " --max-length 128";
+  const auto e1 = test::run_cli(fmt::format("{} --model {} --output-dir {}", eval, test::stories_dir().string(),
+                                            (dir / "e-hf").string()));
+  const auto e2 = test::run_cli(fmt::format("{} --model {} --tokenizer {} --output-dir {}", eval,
+                                            (dir / "s.gguf").string(), test::stories_dir().string(),
+                                            (dir / "e-gguf").string()));
+  ASSERT_EQ(e1.code, 0) << e1.out;
+  ASSERT_EQ(e2.code, 0) << e2.out;
+  EXPECT_EQ(load_json_file(dir / "e-hf/results.json").at("results"), load_json_file(dir / "e-gguf/results.json").at("results"));
   const auto no_tokenizer = test::run_cli(fmt::format("{} --model {}", args, (dir / "s.gguf").string()));
   EXPECT_EQ(no_tokenizer.code, 2) << no_tokenizer.out;
   EXPECT_NE(no_tokenizer.out.find("--tokenizer DIR"), std::string::npos) << no_tokenizer.out;
@@ -294,6 +306,19 @@ TEST(GgufInterop, LlamaCppRunsOurGgufsWithOurLogits) {
     EXPECT_EQ(r["generated"].get<std::vector<int64_t>>(), greedy);
   }
   fs::remove(script);
+}
+
+// A GGUF run with another model's tokenizer is refused, naming the first differing id.
+TEST(GgufModel, AnotherModelsTokenizerIsRefused) {
+  const fs::path llama2 = test::shared_dir() / "assets/tokenizers/llama2";
+  SWIFTCPP_REQUIRE_SHARED(llama2);
+  const fs::path dir = test::temp_dir("gguf_vocab");
+  CausalLM hf = load_causal_lm(test::stories_dir());
+  export_gguf(hf, test::stories_dir(), dir / "s.gguf", {});
+  const auto g = GgufFile::open(dir / "s.gguf");
+  check_gguf_vocabulary(*g, *load_tokenizer(test::stories_dir()), "stories260K");
+  test::expect_error<ConfigError>([&] { check_gguf_vocabulary(*g, *load_tokenizer(llama2), "llama2"); },
+                                  {"llama2", "s.gguf", "not the tokenizer this GGUF was made with"});
 }
 
 }  // namespace
