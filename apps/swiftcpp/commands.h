@@ -31,6 +31,7 @@ CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const
 
 /// `swiftcpp export`: a Hugging Face checkpoint, optionally with a LoRA adapter merged.
 CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals);
+CommandRun add_quantize_command(CLI::App& root, const GlobalOptions& globals);
 
 /// `swiftcpp eval`: benchmarks scored as lm-evaluation-harness scores them; `argv` is recorded in results.json.
 CommandRun add_eval_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);

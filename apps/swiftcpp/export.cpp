@@ -1,6 +1,5 @@
 // `swiftcpp export`: a model (optionally with a LoRA/DoRA adapter merged in) written as a Hugging Face checkpoint
 // or as a GGUF file for llama.cpp.
-#include <unistd.h>
 
 #include <iostream>
 
@@ -68,6 +67,9 @@ int run_export(const ExportOptions& o) {
   LoadOptions load;
   load.dtype = at::kFloat;
   CausalLM model = load_causal_lm(o.model, load);
+  if (model->has_packed_weights() && o.format == "hf") {
+    fail<ConfigError>("{} is a quantized (GPTQ-layout) checkpoint; export works from the float model", o.model);
+  }
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     merge_lora(model);
@@ -75,40 +77,11 @@ int run_export(const ExportOptions& o) {
                              adapter.use_dora ? ", DoRA" : "", o.model);
   }
   if (o.format == "gguf") return write_gguf(model, o);
-  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", out_dir.filename().string(), getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
-  try {
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const auto& item : model->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach().to(dtype));
-    save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
-    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
-                             "added_tokens.json", "LICENSE"}) {
-      if (fs::exists(fs::path(o.model) / name)) fs::copy_file(fs::path(o.model) / name, tmp / name);
-    }
-    Json config = load_json_file(fs::path(o.model) / "config.json");
-    config["torch_dtype"] = hf_dtype_name(dtype);
-    write_file_atomic(tmp / "config.json", config.dump(2) + "\n");
-    if (fs::exists(out_dir)) {
-      const fs::path old = parent / fmt::format(".{}.old-{}", out_dir.filename().string(), getpid());
-      fs::rename(out_dir, old);
-      fs::rename(tmp, out_dir);
-      fs::remove_all(old, ec);
-    } else {
-      fs::rename(tmp, out_dir);
-    }
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    fail<IoError>("cannot write {}: {}", out_dir.string(), e.what());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& item : model->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach().to(dtype));
+  Json config = load_json_file(fs::path(o.model) / "config.json");
+  config["torch_dtype"] = hf_dtype_name(dtype);
+  write_checkpoint_folder(out_dir, o.model, tensors, config.dump(2) + "\n");
   std::cerr << fmt::format("wrote {} ({} tensors, {})\n", out_dir.string(), model->named_parameters(true).size(),
                            hf_dtype_name(dtype));
   return 0;

@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   commands[root.get_subcommand("train")] = train;
   app::CommandRun export_ = app::add_export_command(root, globals);
   commands[root.get_subcommand("export")] = export_;
+  app::CommandRun quantize = app::add_quantize_command(root, globals);
+  commands[root.get_subcommand("quantize")] = quantize;
   app::CommandRun eval = app::add_eval_command(root, globals, std::vector<std::string>(argv, argv + argc));
   commands[root.get_subcommand("eval")] = eval;
 

@@ -440,4 +440,39 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
   file.commit();
 }
 
+void write_checkpoint_folder(const fs::path& out_dir, const fs::path& source_dir,
+                             const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                             const std::string& config_json) {
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  const fs::path tmp = parent / fmt::format(".{}.tmp-{}", out_dir.filename().string(), getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
+  try {
+    save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                             "added_tokens.json", "LICENSE"}) {
+      if (fs::exists(source_dir / name)) fs::copy_file(source_dir / name, tmp / name);
+    }
+    write_file_atomic(tmp / "config.json", config_json);
+    if (fs::exists(out_dir)) {
+      const fs::path old = parent / fmt::format(".{}.old-{}", out_dir.filename().string(), getpid());
+      fs::rename(out_dir, old);
+      fs::rename(tmp, out_dir);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(tmp, out_dir);
+    }
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    fail<IoError>("cannot write {}: {}", out_dir.string(), e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
 }  // namespace swiftcpp

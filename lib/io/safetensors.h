@@ -122,4 +122,12 @@ class Checkpoint {
 void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// Writes a Hugging Face checkpoint folder: `tensors` as model.safetensors, `config_json` as config.json, and the
+/// tokenizer and generation files of `source_dir` copied. The folder is filled under a temporary name beside
+/// `out_dir` and renamed into place (an existing `out_dir` is replaced only then); on failure nothing is left
+/// behind. Throws IoError, and the errors of save_safetensors.
+void write_checkpoint_folder(const fs::path& out_dir, const fs::path& source_dir,
+                             const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                             const std::string& config_json);
+
 }  // namespace swiftcpp

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "quant/packed.h"
 
 namespace swiftcpp::nn {
 
@@ -28,7 +29,8 @@ at::Tensor base_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 }  // namespace
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  at::Tensor out = base_linear(x, weight, bias);  // [..., out]
+  const at::Tensor w = packed ? packed->dequantize(x.scalar_type()) : weight;  // [out, in]
+  at::Tensor out = base_linear(x, w, bias);  // [..., out]
   if (!lora) return out;
   const LoraWeights& a = *lora;
   const at::Tensor xd = (a.dropout > 0 && is_training()) ? at::dropout(x, a.dropout, /*train=*/true) : x;
@@ -38,11 +40,11 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   at::Tensor norm;
   {
     at::NoGradGuard no_grad;
-    const at::Tensor merged = weight.to(at::kFloat) + a.scale * at::mm(a.lora_B.to(at::kFloat), a.lora_A.to(at::kFloat));
+    const at::Tensor merged = w.to(at::kFloat) + a.scale * at::mm(a.lora_B.to(at::kFloat), a.lora_A.to(at::kFloat));
     norm = merged.norm(2, {1}).to(a.magnitude.scalar_type());  // [out]
   }
   const at::Tensor ratio = a.magnitude / norm;  // [out]
-  const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out : at::linear(xd, weight);
+  const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out : at::linear(xd, w);
   return out + (ratio - 1) * base_d + ratio * delta * a.scale;
 }
 

@@ -7,6 +7,10 @@
 #include <memory>
 #include <string>
 
+namespace swiftcpp {
+struct PackedWeight;
+}
+
 namespace swiftcpp::nn {
 
 /// A low-rank adapter on a Linear (LoRA, optionally DoRA). Not registered as module parameters: the base model's
@@ -29,9 +33,12 @@ class LinearImpl : public torch::nn::Module {
   /// x: [..., in] -> [..., out]
   at::Tensor forward(const at::Tensor& x);
 
-  at::Tensor weight;
+  at::Tensor weight;  // empty ([0]) when `packed` holds the weight
   at::Tensor bias;  // undefined when the layer has none
   std::shared_ptr<LoraWeights> lora;  // null: a plain linear layer
+  /// Integer weights in the GPTQ layout (lib/quant/packed.h); each forward expands this layer's weight alone,
+  /// transiently. Null: `weight` is used.
+  std::shared_ptr<const PackedWeight> packed;
 };
 TORCH_MODULE(Linear);
 

@@ -113,6 +113,10 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<st
 
 void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   if (config.r < 1) fail<ConfigError>("lora_rank must be at least 1, got {}", config.r);
+  if (model->has_packed_weights()) {
+    fail<ConfigError>("LoRA on a quantized (GPTQ-layout) checkpoint, QLoRA, is not supported yet; train on the float "
+                      "model");
+  }
   const auto paths = lora_target_paths(model, config.target_modules);
   freeze_base(model);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);

@@ -175,6 +175,10 @@ uint32_t file_type(GgmlType t) {
 GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const fs::path& file,
                              const GgufExportOptions& options) {
   const DecoderConfig& c = model->config();
+  if (model->has_packed_weights()) {
+    fail<ConfigError>("GGUF export of {}: its linear layers are packed integers (a GPTQ-layout checkpoint); export the "
+                      "float model instead", model_dir.string());
+  }
   GgufExportReport report;
   const std::string arch = gguf_architecture(c.model_type);
   report.architecture = arch;

@@ -5,12 +5,14 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <map>
 #include <set>
 
 #include "core/error.h"
 #include "core/text.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
+#include "quant/packed.h"
 
 namespace swiftcpp {
 
@@ -164,6 +166,14 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
   }
 }
 
+bool CausalLMImpl::has_packed_weights() const {
+  for (const auto& m : modules(/*include_self=*/false)) {
+    const auto* linear = m->as<nn::Linear>();
+    if (linear != nullptr && linear->packed) return true;
+  }
+  return false;
+}
+
 at::Device CausalLMImpl::device() const { return model->embed_tokens->weight.device(); }
 at::ScalarType CausalLMImpl::dtype() const { return model->embed_tokens->weight.scalar_type(); }
 
@@ -247,7 +257,36 @@ void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::stri
   const auto params = model->named_parameters(/*recurse=*/true);
   std::vector<std::string> missing, misshaped, unexpected;
   std::set<std::string> wanted;
+  // Linear layers stored in the GPTQ layout (qweight, qzeros, scales, g_idx) instead of a float weight.
+  std::map<std::string, nn::LinearImpl*> packed_layers;
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    auto* linear = item.value()->as<nn::Linear>();
+    if (linear == nullptr || !checkpoint.contains(item.key() + ".qweight")) continue;
+    packed_layers[item.key()] = linear;
+    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    const auto shape = [&](const char* part) { return checkpoint.info(item.key() + "." + part).shape; };
+    for (const char* part : {"qweight", "qzeros", "scales", "g_idx"}) {
+      wanted.insert(item.key() + "." + part);
+      if (!checkpoint.contains(item.key() + "." + part)) missing.push_back(item.key() + "." + part);
+    }
+    if (!checkpoint.contains(item.key() + ".qzeros") || !checkpoint.contains(item.key() + ".scales") ||
+        !checkpoint.contains(item.key() + ".g_idx")) {
+      continue;
+    }
+    const auto qw = shape("qweight"), qz = shape("qzeros"), sc = shape("scales"), gi = shape("g_idx");
+    const int64_t bits = qw.size() == 2 && in > 0 ? qw[0] * 32 / in : 0;
+    const int64_t groups = sc.size() == 2 ? sc[0] : 0;
+    const bool ok = (bits == 4 || bits == 8) && qw[1] == out && qz.size() == 2 && qz[0] == groups &&
+                    qz[1] * 32 / bits == out && sc[1] == out && gi.size() == 1 && gi[0] == in && groups > 0;
+    if (!ok) {
+      misshaped.push_back(fmt::format("{} (packed {}: qweight {}, qzeros {}, scales {}, g_idx {}; expected 4 or 8 bits "
+                                      "for a {}x{} layer)", item.key(), bits, fmt::join(qw, "x"), fmt::join(qz, "x"),
+                                      fmt::join(sc, "x"), fmt::join(gi, "x"), out, in));
+    }
+  }
   for (const auto& item : params) {
+    const auto dot = item.key().rfind('.');
+    if (packed_layers.count(item.key().substr(0, dot)) > 0 && item.key().substr(dot + 1) == "weight") continue;
     wanted.insert(item.key());
     if (!checkpoint.contains(item.key())) {
       missing.push_back(item.key());
@@ -275,7 +314,20 @@ void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::stri
   // A tensor already in the wanted dtype on the CPU becomes the parameter as it is: a copy-on-write view of the
   // mapped file, so loading costs no copy and no second resident copy. Others are converted once.
   at::NoGradGuard no_grad;
+  for (auto& [name, linear] : packed_layers) {
+    auto packed = std::make_shared<PackedWeight>();
+    packed->qweight = checkpoint.tensor(name + ".qweight").to(options.device);
+    packed->qzeros = checkpoint.tensor(name + ".qzeros").to(options.device);
+    packed->scales = checkpoint.tensor(name + ".scales").to(options.device);
+    packed->g_idx = checkpoint.tensor(name + ".g_idx").to(options.device);
+    packed->out_features = linear->weight.size(0);
+    packed->in_features = linear->weight.size(1);
+    packed->bits = packed->qweight.size(0) * 32 / packed->in_features;
+    linear->weight.set_data(at::empty({0}, at::TensorOptions().dtype(options.dtype).device(options.device)));
+    linear->packed = packed;
+  }
   for (auto& item : params) {
+    if (!wanted.count(item.key())) continue;  // the float weight of a packed layer
     const at::Tensor source = checkpoint.tensor(item.key());
     const bool as_is = options.device.is_cpu() && source.scalar_type() == options.dtype && source.is_contiguous();
     item.value().set_data(as_is ? source : source.to(options.device, options.dtype).contiguous());

@@ -93,6 +93,8 @@ class CausalLMImpl : public torch::nn::Module {
   nn::KVCache make_cache(int64_t batch, int64_t capacity) const;
 
   const DecoderConfig& config() const { return config_; }
+  /// True when some linear layer holds packed integer weights (a GPTQ-layout checkpoint).
+  bool has_packed_weights() const;
   at::Device device() const;
   at::ScalarType dtype() const;
 
