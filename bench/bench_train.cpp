@@ -18,6 +18,7 @@
 #include "core/runtime.h"
 #include "data/collate.h"
 #include "peft/lora.h"
+#include "quant/gptq.h"
 #include "train/trainer.h"
 
 using namespace swiftcpp;
@@ -43,7 +44,28 @@ struct Options {
   std::string write_init_adapter;
   bool gradient_checkpointing = false;
   bool keep_attention_probs = false;
+  int64_t quant_bits = 0;  // QLoRA: the base's decoder linear layers packed (asymmetric RTN) before training
+  int64_t quant_group_size = 64;
 };
+
+// Resets the kernel's resident-set high-water mark (VmHWM), so that the peak read later is the training steps'
+// own, not the load's. Returns false where the kernel refuses.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+// VmHWM from /proc/self/status, in MiB (0 when unreadable).
+double peak_rss_since_reset_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
 
 struct SplitMix {
   uint64_t state;
@@ -159,6 +181,9 @@ int main(int argc, char** argv) {
   app.add_option("--write-batches", o.write_batches);
   app.add_option("--write-init-adapter", o.write_init_adapter);
   app.add_flag("--gradient-checkpointing", o.gradient_checkpointing);
+  app.add_option("--quant-bits", o.quant_bits, "QLoRA: pack the base to 4 or 8 bits (0: float base)")
+      ->check(CLI::IsMember({0, 4, 8}));
+  app.add_option("--quant-group-size", o.quant_group_size);
   app.add_flag("--keep-attention-probs", o.keep_attention_probs,
                "train with the attention kernel that keeps its probabilities for backward (default: recompute them)");
   CLI11_PARSE(app, argc, argv);
@@ -208,11 +233,21 @@ int main(int argc, char** argv) {
     c.bf16 = o.dtype == "bf16";
     c.gradient_checkpointing = o.gradient_checkpointing;
 
-    std::vector<double> run_tps, step_ms, run_gflops;
+    std::vector<double> run_tps, step_ms, run_gflops, train_rss;
     std::vector<double> first_losses;
     const int64_t n = o.warmup + o.steps;
     for (int64_t run = 0; run < o.runs; ++run) {
-      Trainer trainer(c, load_causal_lm(o.model));
+      CausalLM model = load_causal_lm(o.model);
+      if (o.quant_bits != 0) {
+        QuantSpec spec;
+        spec.bits = o.quant_bits;
+        spec.group_size = o.quant_group_size;
+        spec.sym = false;
+        attach_packed_weights(model, quantize_model_rtn(model, spec));
+      }
+      Trainer trainer(c, model);
+      model = nullptr;
+      const bool reset = reset_peak_rss();
       double tokens = 0, seconds = 0, flops = 0;
       for (int64_t i = 0; i < n; ++i) {
         const Batch& b = batches[i % batches.size()];
@@ -233,6 +268,7 @@ int main(int argc, char** argv) {
         f += 12.0 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * valid.square().sum().item<double>();
         flops += f;
       }
+      if (reset) train_rss.push_back(peak_rss_since_reset_mib());
       run_tps.push_back(tokens / seconds);
       run_gflops.push_back(flops / seconds / 1e9);
     }
@@ -249,6 +285,8 @@ int main(int argc, char** argv) {
                 {"step_ms_median", median(step_ms)},
                 {"losses", first_losses},
                 {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
+                {"train_peak_rss_mb", train_rss.empty() ? 0.0 : *std::max_element(train_rss.begin(), train_rss.end())},
+                {"quant_bits", o.quant_bits},
                 {"threads", o.threads},
                 {"torch", TORCH_VERSION},
                 {"blas", Json::array({loaded_blas()})},

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "core/memory.h"
 #include "core/progress.h"
 #include "data/encode.h"
 #include "eval/evaluator.h"
@@ -100,6 +101,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   LoadOptions load;
   load.device = parse_device(o.device);
   load.dtype = parse_dtype(o.dtype);
+  install_memory_tracking();
   ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
   CausalLM model = loaded.model;
   const std::string assets_dir = loaded.assets_dir.string();  // tokenizer and templates (a GGUF's: --tokenizer)
@@ -166,6 +168,11 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                              r.tokens, r.seconds, r.encode_seconds, (documents ? r.requests : r.items) / std::max(r.seconds, 1e-9),
                              documents ? "windows" : "items");
   }
+  // Resident memory includes the memory-mapped checkpoint pages the model touched; tensor memory counts what
+  // LibTorch allocated (packed weights, activations), not the mapped float weights.
+  std::cerr << fmt::format("[peak memory: {:.1f} MiB resident, {:.1f} MiB of tensors on {}]\n",
+                           static_cast<double>(peak_rss_bytes()) / (1 << 20),
+                           static_cast<double>(peak_memory_bytes(load.device)) / (1 << 20), load.device.str());
 
   if (!o.dump_requests.empty()) {
     std::string text;
@@ -260,7 +267,8 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
   cmd->add_option("--output-dir", o->output_dir, "Write results.json (and samples_<task>.jsonl) here");
   cmd->add_flag("--log-samples", o->log_samples, "Write per-item records (prompt, choices, log-likelihoods, prediction)");
   cmd->add_option("--dump-requests", o->dump_requests,
-                  "Write the token ids of every multiple-choice item scored (JSON Lines: task, context, continuations)");
+                  "Write the token ids of every request scored: multiple-choice items and perplexity windows (JSON Lines: "
+                  "task, context, continuations)");
   cmd->add_option("--seed", o->seed, "Seed of few-shot sampling where examples come from the evaluated split")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();

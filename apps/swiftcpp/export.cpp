@@ -23,6 +23,7 @@ struct ExportOptions {
   std::string format = "hf";
   std::string quant = "f32";
   bool overwrite = false;
+  bool narrow_output = false;
 };
 
 int write_gguf(CausalLM& model, const ExportOptions& o) {
@@ -34,12 +35,14 @@ int write_gguf(CausalLM& model, const ExportOptions& o) {
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   GgufExportOptions options;
   options.type = parse_ggml_type(o.quant);
+  options.wide_output = !o.narrow_output;
   const GgufExportReport r = export_gguf(model, o.model, out, options);
-  std::cerr << fmt::format("wrote {} (GGUF v3, architecture {}, {} tensors, {}{}, {} vocabulary)\n", out.string(),
+  std::cerr << fmt::format("wrote {} (GGUF v3, architecture {}, {} tensors, {}{}{}, {} vocabulary)\n", out.string(),
                            r.architecture, r.tensors, ggml_type_name(options.type),
                            r.fallback_tensors > 0 ? fmt::format("; {} with rows that do not divide into blocks as F16",
                                                                 r.fallback_tensors)
                                                   : "",
+                           r.wide_tensors > 0 ? "; the output projection as Q8_0" : "",
                            r.tokenizer_model == "llama" ? "sentencepiece" : r.tokenizer_model);
   return 0;
 }
@@ -106,6 +109,8 @@ CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals) {
       ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}))
       ->capture_default_str();
   cmd->add_flag("--overwrite", o->overwrite, "Replace an existing --output");
+  cmd->add_flag("--narrow-output", o->narrow_output, "q4_0: quantise the output projection to Q4_0 too (default: "
+                                                     "Q8_0, as llama.cpp keeps it wider)");
   return [o]() { return run_export(*o); };
 }
 

@@ -3,6 +3,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <sys/resource.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -110,6 +111,12 @@ void reset_peak_memory(const c10::Device& device) {
   }
 #endif
   if (device.is_cpu()) g_peak = g_current.load();
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
 }  // namespace swiftcpp

@@ -22,4 +22,7 @@ int64_t peak_memory_bytes(const c10::Device& device);
 /// Starts a new peak window: the peak becomes the current allocation.
 void reset_peak_memory(const c10::Device& device);
 
+/// The process's peak resident set (getrusage ru_maxrss) in bytes: everything, mapped files included.
+int64_t peak_rss_bytes();
+
 }  // namespace swiftcpp

@@ -296,6 +296,7 @@ TaskResult Evaluator::run_perplexity(const Task& task, const EvalProgress& progr
     if (progress) progress(static_cast<int64_t>(done), static_cast<int64_t>(windows.size()));
   });
   for (size_t w = 0; w < windows.size(); ++w) per_doc[owner[w]].loglikelihood += scores[w][0].loglikelihood;
+  if (options_.keep_requests) r.scored = std::move(windows);
   for (size_t d = 0; d < per_doc.size(); ++d) {
     total.loglikelihood += per_doc[d].loglikelihood;
     total.tokens += per_doc[d].tokens;

@@ -9,7 +9,8 @@
 
 namespace swiftcpp::nn {
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias) {
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias)
+    : in_features_(in_features), out_features_(out_features) {
   weight = register_parameter("weight", at::empty({out_features, in_features}));
   if (has_bias) bias = register_parameter("bias", at::empty({out_features}));
 }
@@ -29,8 +30,9 @@ at::Tensor base_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 }  // namespace
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  const at::Tensor w = packed ? packed->dequantize(x.scalar_type()) : weight;  // [out, in]
-  at::Tensor out = base_linear(x, w, bias);  // [..., out]
+  if (input_observer) input_observer(x);
+  // A packed layer multiplies tile by tile and never holds its float weight (DoRA's norm below excepted).
+  at::Tensor out = packed ? packed_linear(x, packed, bias) : base_linear(x, weight, bias);  // [..., out]
   if (!lora) return out;
   const LoraWeights& a = *lora;
   const at::Tensor xd = (a.dropout > 0 && is_training()) ? at::dropout(x, a.dropout, /*train=*/true) : x;
@@ -40,11 +42,14 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   at::Tensor norm;
   {
     at::NoGradGuard no_grad;
+    const at::Tensor w = packed ? packed->dequantize(at::kFloat) : weight;  // [out, in]
     const at::Tensor merged = w.to(at::kFloat) + a.scale * at::mm(a.lora_B.to(at::kFloat), a.lora_A.to(at::kFloat));
     norm = merged.norm(2, {1}).to(a.magnitude.scalar_type());  // [out]
   }
   const at::Tensor ratio = a.magnitude / norm;  // [out]
-  const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out : at::linear(xd, w);
+  const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out
+                            : packed                       ? packed_linear(xd, packed, at::Tensor())
+                                                           : at::linear(xd, weight);
   return out + (ratio - 1) * base_d + ratio * delta * a.scale;
 }
 

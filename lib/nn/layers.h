@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,9 +37,17 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor weight;  // empty ([0]) when `packed` holds the weight
   at::Tensor bias;  // undefined when the layer has none
   std::shared_ptr<LoraWeights> lora;  // null: a plain linear layer
-  /// Integer weights in the GPTQ layout (lib/quant/packed.h); each forward expands this layer's weight alone,
-  /// transiently. Null: `weight` is used.
+  /// Integer weights in the GPTQ layout (lib/quant/packed.h), multiplied tile by tile (quant::packed_linear).
+  /// Null: `weight` is used.
   std::shared_ptr<const PackedWeight> packed;
+  /// Called with each forward's input x [..., in] (GPTQ collects its Hessians this way). Empty: nothing.
+  std::function<void(const at::Tensor&)> input_observer;
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+
+ private:
+  int64_t in_features_, out_features_;
 };
 TORCH_MODULE(Linear);
 

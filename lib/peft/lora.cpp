@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/text.h"
 #include "io/safetensors.h"
+#include "quant/packed.h"
 
 namespace swiftcpp {
 
@@ -113,10 +114,6 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<st
 
 void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   if (config.r < 1) fail<ConfigError>("lora_rank must be at least 1, got {}", config.r);
-  if (model->has_packed_weights()) {
-    fail<ConfigError>("LoRA on a quantized (GPTQ-layout) checkpoint, QLoRA, is not supported yet; train on the float "
-                      "model");
-  }
   const auto paths = lora_target_paths(model, config.target_modules);
   freeze_base(model);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -124,14 +121,17 @@ void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   at::NoGradGuard no_grad;
   for (const auto& path : paths) {
     nn::LinearImpl* linear = linears.at(path);
-    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    const int64_t out = linear->out_features(), in = linear->in_features();
     auto lora = std::make_shared<nn::LoraWeights>();
     // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = sqrt(6 / ((1 + 5) * fan_in)) = 1 / sqrt(fan_in).
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
     const auto options = linear->weight.options();
     lora->lora_A = at::empty({config.r, in}, at::kFloat).uniform_(-bound, bound, generator).to(options);
     lora->lora_B = at::zeros({out, config.r}, options);
-    if (config.use_dora) lora->magnitude = linear->weight.to(at::kFloat).norm(2, {1}).to(options);
+    if (config.use_dora) {
+      const at::Tensor w = linear->packed ? linear->packed->dequantize(at::kFloat) : linear->weight;  // [out, in]
+      lora->magnitude = w.to(at::kFloat).norm(2, {1}).to(options);
+    }
     lora->scale = config.scale();
     lora->dropout = config.lora_dropout;
     for (at::Tensor* t : {&lora->lora_A, &lora->lora_B, &lora->magnitude}) {
@@ -326,7 +326,7 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
   const auto linears = linear_by_path(model);
   for (const auto& path : paths) {
     nn::LinearImpl* linear = linears.at(path);
-    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    const int64_t out = linear->out_features(), in = linear->in_features();
     auto lora = std::make_shared<nn::LoraWeights>();
     lora->lora_A = take(kPrefix + path + ".lora_A.weight", {c.r, in});
     lora->lora_B = take(kPrefix + path + ".lora_B.weight", {out, c.r});
@@ -370,6 +370,10 @@ void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, linear] : linear_layers(model)) {
     if (!linear->lora) continue;
+    if (linear->packed) {
+      fail<ConfigError>("{}: an adapter cannot be merged into packed integer weights; merge it onto the float base "
+                        "model (swiftcpp export --model FLOAT_DIR --adapters ...)", path);
+    }
     const nn::LoraWeights& a = *linear->lora;
     const at::Tensor w = linear->weight.to(at::kDouble);
     at::Tensor merged = w + a.scale * at::mm(a.lora_B.to(at::kDouble), a.lora_A.to(at::kDouble));  // [out, in]

@@ -268,6 +268,11 @@ GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const f
       t = permute_qk(t, c.num_key_value_heads);
     }
     GgmlType type = t.dim() >= 2 ? options.type : GgmlType::F32;
+    const bool output = name == "output.weight" || (c.tie_word_embeddings && name == "token_embd.weight");
+    if (output && type == GgmlType::Q4_0 && options.wide_output) {
+      type = GgmlType::Q8_0;
+      ++report.wide_tensors;
+    }
     if (t.size(-1) % ggml_block_size(type) != 0) {
       type = GgmlType::F16;  // as llama.cpp's own converter falls back
       ++report.fallback_tensors;

@@ -12,6 +12,9 @@ namespace swiftcpp {
 
 struct GgufExportOptions {
   GgmlType type = GgmlType::F32;  // 2-D weights; norms and biases are always F32
+  // With type Q4_0, the output projection (output.weight, or token_embd.weight when tied) is written as Q8_0, as
+  // llama.cpp's quantizer keeps it wider than the rest (Q6_K there; this writer has no k-quants).
+  bool wide_output = true;
   std::string name;               // general.name (default: the model folder's name)
 };
 
@@ -19,6 +22,7 @@ struct GgufExportOptions {
 struct GgufExportReport {
   int64_t tensors = 0;
   int64_t fallback_tensors = 0;  // 2-D weights whose rows do not divide into the type's blocks, written as F16
+  int64_t wide_tensors = 0;      // the output projection kept at Q8_0 in a Q4_0 file (wide_output)
   std::string architecture;
   std::string tokenizer_model;   // "llama" (sentencepiece)
 };

@@ -11,6 +11,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
 
 namespace swiftcpp {
 
@@ -28,7 +31,18 @@ struct PackedWeight {
 
   /// W [out, in] in `dtype` on the tensors' device (a transient tensor; nothing is cached).
   at::Tensor dequantize(at::ScalarType dtype) const;
+  /// Output rows [first, first + count) of W: [count, in] in `dtype`. `first` and `count` must be multiples of
+  /// 32 / bits (whole int32 words of qzeros).
+  at::Tensor dequantize_rows(int64_t first, int64_t count, at::ScalarType dtype) const;
+  /// Output rows per tile in packed_linear: about 2^21 weights per tile, whole int32 words of qzeros.
+  int64_t tile_rows() const;
 };
+
+/// x [..., in] -> x W^T [..., out] (+ bias [out]) without ever holding W whole: each tile of tile_rows() output
+/// rows is dequantised, multiplied and dropped. Differentiable in x (backward dequantises the tiles again and
+/// keeps nothing but the packed tensors), so a frozen packed base trains adapters above it (QLoRA); the packed
+/// weights themselves get no gradient.
+at::Tensor packed_linear(const at::Tensor& x, const std::shared_ptr<const PackedWeight>& packed, const at::Tensor& bias);
 
 /// Packs integers [rows, cols] (each in [0, 2^bits)) along dim 0: -> int32 [rows * bits / 32, cols].
 at::Tensor pack_rows(const at::Tensor& values, int64_t bits);
@@ -40,12 +54,18 @@ at::Tensor unpack_rows(const at::Tensor& packed, int64_t bits);
 PackedWeight quantize_rtn(const at::Tensor& weight, const QuantSpec& spec, const std::string& name);
 
 /// Integer matrix, scales and zero points from per-group min/max (sym: +-max|w|), as GPTQ's quantizer computes
-/// them: scale = (max - min) / (2^bits - 1), zero = round(-min / scale) (sym: 2^(bits-1)). w: [out, columns].
-/// Returns {scale [out], zero [out]} in float32.
+/// them: scale = (max - min) / (2^bits - 1), zero = round(-min / scale) (sym: 2^(bits-1)), then made storable:
+/// the scale rounded to float16, the zero point clamped to [1, 2^bits - 1] (the layout stores zero - 1).
+/// w: [out, columns]. Returns {scale [out], zero [out]} in float32.
 std::pair<at::Tensor, at::Tensor> group_scale_zero(const at::Tensor& w, int64_t bits, bool sym);
 
-/// Packs Q [out, in] (int), scales [groups, out], zeros [groups, out] (int) into the layout above.
+/// Packs Q [out, in] (int), scales [groups, out], zeros [groups, out] (int) into the layout above. g_idx [in]
+/// (int) names each input column's group; undefined: column i is in group i / group_size.
 PackedWeight pack_gptq(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
-                       int64_t group_size);
+                       int64_t group_size, const at::Tensor& g_idx = {});
+
+/// Checks that a layer W [out, in] can be stored with `spec` (bits 4 or 8, the group size divides `in`, `out`
+/// fills whole int32 words) and returns the group size in columns. Throws ConfigError naming `name`.
+int64_t checked_group_size(int64_t out, int64_t in, const QuantSpec& spec, const std::string& name);
 
 }  // namespace swiftcpp

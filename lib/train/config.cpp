@@ -28,6 +28,8 @@ ConfigSchema<TrainConfig> make_schema() {
       .strings("target_modules", &C::target_modules, "linear layers to adapt: names (q_proj, ...) or all-linear")
       .boolean("use_rslora", &C::use_rslora, "rank-stabilised scale alpha / sqrt(r)")
       .boolean("use_dora", &C::use_dora, "DoRA: weight-decomposed adapters (magnitude + direction)")
+      .integer("quant_bits", &C::quant_bits, "QLoRA: the frozen base's linear layers packed to int4 or int8 (0: float)", 0, 8)
+      .integer("quant_group_size", &C::quant_group_size, "QLoRA: input columns per quantisation scale (-1: one per output row)", -1, 1 << 20)
       .strings("modules_to_save", &C::modules_to_save, "modules trained in full beside the adapter (lm_head, embed_tokens)")
       .strings("dataset", &C::dataset, "training data files, each 'path' or 'path#N' (first N rows)")
       .strings("val_dataset", &C::val_dataset, "validation data files")
@@ -94,6 +96,13 @@ void validate_train_config(const TrainConfig& c) {
     if (!c.adapters.empty()) fail<ConfigError>("'adapters' needs train_type lora (got full)");
     if (c.use_dora) fail<ConfigError>("'use_dora' needs train_type lora (got full)");
     if (!c.modules_to_save.empty()) fail<ConfigError>("'modules_to_save' needs train_type lora (full trains everything)");
+  }
+  if (c.quant_bits != 0 && c.quant_bits != 4 && c.quant_bits != 8) {
+    fail<ConfigError>("'quant_bits' must be 0 (float base), 4 or 8 (got {})", c.quant_bits);
+  }
+  if (c.quant_group_size == 0) fail<ConfigError>("'quant_group_size' must be positive or -1 (got 0)");
+  if (c.quant_bits != 0 && c.train_type != "lora") {
+    fail<ConfigError>("'quant_bits' (QLoRA) needs train_type lora: packed weights are frozen (got {})", c.train_type);
   }
   if (c.target_modules.empty()) fail<ConfigError>("'target_modules' must name at least one module (or all-linear)");
   if (c.max_steps <= 0 && c.num_train_epochs <= 0) {

@@ -27,6 +27,8 @@ struct TrainConfig {
   std::vector<std::string> target_modules = {"all-linear"};
   bool use_rslora = false;
   bool use_dora = false;
+  int64_t quant_bits = 0;         // QLoRA: 4 or 8 packs the frozen base linear layers (0: float base)
+  int64_t quant_group_size = 64;  // QLoRA: input columns per quantisation scale
   std::vector<std::string> modules_to_save;
 
   // Data

@@ -24,6 +24,7 @@
 #include "data/pipeline.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
+#include "quant/gptq.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {
@@ -66,11 +67,7 @@ class AutocastScope {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
-double peak_rss_mib() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;
-}
+double peak_rss_mib() { return static_cast<double>(peak_rss_bytes()) / (1 << 20); }
 
 std::string utc_stamp() {
   const std::time_t now = std::time(nullptr);
@@ -170,6 +167,10 @@ Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& a
   model_->train();
   model_->set_gradient_checkpointing(config_.gradient_checkpointing);
   std::vector<TrainableTensor> params;
+  if (!is_lora() && model_->has_packed_weights()) {
+    fail<ConfigError>("{}: full fine-tuning cannot update packed integer weights; use train_type lora (QLoRA)",
+                      config_.model);
+  }
   if (is_lora()) {
     const std::string dir = adapter_dir.empty() ? config_.adapters : adapter_dir;
     if (!dir.empty()) {
@@ -332,6 +333,10 @@ Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total
     f["lora"] = {{"r", lora.r}, {"lora_alpha", lora.lora_alpha}, {"target_modules", lora.target_modules},
                  {"use_rslora", lora.use_rslora}, {"use_dora", lora.use_dora}, {"modules_to_save", lora.modules_to_save}};
   }
+  if (c.quant_bits != 0) {  // absent for a float base, so earlier checkpoints still resume
+    f["quant_bits"] = c.quant_bits;
+    f["quant_group_size"] = c.quant_group_size;
+  }
   std::vector<std::string> data;
   for (const auto& spec : c.dataset) data.push_back(fmt::format("{}@{:016x}", spec, hash_file(dataset_path(spec))));
   f["dataset"] = data;
@@ -483,6 +488,13 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   load.device = device;
   load.dtype = parse_dtype(config.torch_dtype);
   CausalLM model = load_causal_lm(config.model, load);
+  if (config.quant_bits != 0) {  // QLoRA: the frozen base's linear layers packed, their float weights freed
+    QuantSpec spec;
+    spec.bits = config.quant_bits;
+    spec.group_size = config.quant_group_size;
+    spec.sym = false;
+    attach_packed_weights(model, quantize_model_rtn(model, spec));
+  }
   if (!resume_dir.empty() && config.train_type == "full") {
     load_weights(model, Checkpoint::open(resume_dir), resume_dir.string(), load);
   }

@@ -228,6 +228,16 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   return model->norm(h);
 }
 
+at::Tensor CausalLMImpl::forward_layer(int64_t layer, const at::Tensor& h) {
+  TORCH_CHECK(h.dim() == 3 && layer >= 0 && layer < config_.num_hidden_layers, "forward_layer: bad layer or shape");
+  const int64_t B = h.size(0), T = h.size(1);
+  const at::Tensor positions =
+      at::arange(T, at::TensorOptions().dtype(at::kLong).device(h.device())).unsqueeze(0).expand({B, T});
+  auto [cos, sin] = rotary_.cos_sin(positions, T, h.scalar_type());
+  const at::Tensor mask = nn::build_attention_mask(B, 0, T, at::Tensor(), config_.sliding_window, h.device(), at::Tensor());
+  return model->layers[layer]->as<DecoderLayer>()->forward(h, cos, sin, mask, nullptr, nullptr, layer);
+}
+
 at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
   if (lm_head) return lm_head(hidden);
   const at::Tensor& w = model->embed_tokens->weight;  // tied: [V, D]

@@ -86,6 +86,9 @@ class CausalLMImpl : public torch::nn::Module {
   /// Final hidden states after the last norm: input_ids [B, T] -> [B, T, D].
   at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardOptions& options = {});
 
+  /// Decoder layer `layer` alone on hidden states h [B, T, D] at positions 0..T-1, causal, no cache:
+  /// [B, T, D] -> [B, T, D], what the full forward computes there (layer-by-layer passes such as GPTQ's).
+  at::Tensor forward_layer(int64_t layer, const at::Tensor& h);
   /// Logits from final hidden states: [..., D] -> [..., V].
   at::Tensor logits(const at::Tensor& hidden);
 

@@ -198,6 +198,13 @@ TEST(GgufModel, ExportCliWritesAFileAndRefusesToOverwrite) {
                                            test::stories_dir().string(), out.string()));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("Q4_0; 5 with rows that do not divide into blocks as F16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the output projection as Q8_0"), std::string::npos) << r.out;
+  {
+    // Tied embeddings are the output projection: kept at Q8_0 as llama.cpp keeps the output wider.
+    const auto g = GgufFile::open(out);
+    EXPECT_EQ(g->find_tensor("token_embd.weight")->type, GgmlType::Q8_0);
+    EXPECT_EQ(g->find_tensor("blk.0.attn_q.weight")->type, GgmlType::Q4_0);
+  }
   EXPECT_EQ(GgufFile::open(out)->at("general.file_type").value, 2);
   const auto again = test::run_cli(fmt::format("export --model {} --format gguf --output {}",
                                                test::stories_dir().string(), out.string()));
