@@ -16,9 +16,12 @@ def metric(results_json: pathlib.Path, name: str) -> float:
     raise KeyError(f"{results_json}: no metric {name}")
 
 
-def peak_memory(log: pathlib.Path):
-    m = re.search(r"peak memory: ([0-9.]+) MiB resident, ([0-9.]+) MiB of tensors", log.read_text())
-    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
+def infer_figures(log: pathlib.Path):
+    """(tokens/s, peak RSS MiB, peak tensor MiB) of one `swiftcpp infer` run."""
+    text = log.read_text()
+    m = re.search(r"peak memory: ([0-9.]+) MiB resident, ([0-9.]+) MiB of tensors", text)
+    s = re.search(r"\(([0-9.]+) tokens/s\)", text)
+    return float(s.group(1)), float(m.group(1)), float(m.group(2))
 
 
 def weight_bytes(model_dir: pathlib.Path) -> int:
@@ -47,15 +50,17 @@ def main() -> None:
             print(f"int4 group size {group.group(1)}; GPTQ calibration: {gptq_err.group(1)} samples, "
                   f"{gptq_err.group(2)} tokens, {gptq_s.group(1) if gptq_s else '?'} s")
             print()
-        print("| weights | scored by | token perplexity | vs float | weight file MiB | peak RSS MiB | peak tensors MiB |")
-        print("|---|---|---|---|---|---|---|")
-        model_dir = d / "model" if (d / "model").is_dir() else None
+        print("| weights | scored by | token perplexity | vs float | weight file MiB | decode tokens/s | peak RSS MiB "
+              "| peak tensors MiB |")
+        print("|---|---|---|---|---|---|---|---|")
+        model_dir = pathlib.Path((d / "model_path.txt").read_text().strip())
         for v, label in labels.items():
             ppl = metric(d / f"eval-{v}/results.json", "token_perplexity")
-            rss, tensors = peak_memory(d / f"eval-{v}.log")
+            speed, rss, tensors = infer_figures(d / f"infer-{v}.log")
             src = d / v if v != "float" else model_dir
-            size = f"{weight_bytes(src) / 2**20:.1f}" if src is not None and src.is_dir() else ""
-            print(f"| {label} | swiftcpp | {ppl:.4f} | {ppl / base - 1:+.2%} | {size} | {rss:.0f} | {tensors:.1f} |")
+            size = f"{weight_bytes(src) / 2**20:.1f}"
+            print(f"| {label} | swiftcpp | {ppl:.4f} | {ppl / base - 1:+.2%} | {size} | {speed:.1f} | {rss:.0f} "
+                  f"| {tensors:.1f} |")
         for q in ["f32", "q8_0", "q4_0"]:
             f = d / f"llama-{q}.json"
             if not f.exists():
@@ -63,7 +68,7 @@ def main() -> None:
             r = json.loads(f.read_text())
             size = (d / f"{q}.gguf").stat().st_size / 2**20
             print(f"| GGUF {q} | llama.cpp | {r['token_perplexity']:.4f} | {r['token_perplexity'] / base - 1:+.2%} "
-                  f"| {size:.1f} | | |")
+                  f"| {size:.1f} | | | |")
         print()
     train = {b: out / f"train-q{b}.json" for b in (0, 4)}
     if all(f.exists() for f in train.values()):

@@ -5,7 +5,8 @@
 #                                   scripts/setup_llama_interop.sh)
 #
 # For each model: float, int8-RTN (per channel), int4-RTN and int4-GPTQ (act-order, calibrated on CALIB) checkpoints
-# are scored by `swiftcpp eval --tasks perplexity` on the held-out TEXT (peak memory from the same runs); the float
+# are scored by `swiftcpp eval --tasks perplexity` on the held-out TEXT and decode one prompt with `swiftcpp infer`
+# (peak memory and tokens/s from those runs); the float
 # model's GGUF exports (f32, q8_0, q4_0) are scored by llama.cpp on exactly the windows and ids swiftcpp scored
 # (bench/llama_cpp_perplexity.mjs). Then QLoRA (int4 base) against LoRA training on bench25m
 # (build/bin/swiftcpp_bench_train, the standard settings of ../shared/docs/BENCHMARKS.md).
@@ -67,6 +68,7 @@ for model in $MODELS; do
         for f in "$src"/*; do ln -sf "$(realpath "$f")" "$model/"; done
         cp "$SHARED/tokenizers/llama2/tokenizer.model" "$model/"
     fi
+    realpath "$model" > "$dir/model_path.txt"
     read -r group max_len < <("$PYTHON" -c "
 import json; c = json.load(open('$model/config.json'))
 print(128 if c['hidden_size'] % 128 == 0 and c['intermediate_size'] % 128 == 0 else 32, c['max_position_embeddings'])")
@@ -83,13 +85,18 @@ print(128 if c['hidden_size'] % 128 == 0 and c['intermediate_size'] % 128 == 0 e
         [[ $v == float ]] && path=$model
         "$BIN" --threads "$THREADS" eval --model "$path" --tasks perplexity --data-dir "$OUT/text" \
             --output-dir "$dir/eval-$v" --dump-requests "$dir/requests-$v.jsonl" >/dev/null 2>"$dir/eval-$v.log"
-        grep -h "peak memory\|tokens in" "$dir/eval-$v.log" >&2
+        grep -h "tokens in" "$dir/eval-$v.log" >&2
+        # Memory and decoding speed: one 500-byte prompt, 128 new tokens, greedy, KV cache.
+        "$BIN" --threads "$THREADS" infer --model "$path" --prompt "$(head -c 500 "$TEXT")" --template raw \
+            --max-new-tokens 128 --temperature 0 --no-stream >/dev/null 2>"$dir/infer-$v.log"
+        grep -h "peak memory\|tokens/s" "$dir/infer-$v.log" >&2
     done
     if [[ $llama_ok == 1 ]]; then
         for q in f32 q8_0 q4_0; do
             "$BIN" export --model "$model" --format gguf --quant "$q" --output "$dir/$q.gguf" 2>>"$dir/export.log"
-            (cd "$INTEROP" && node "$(basename "$script")" "$(realpath "$dir/$q.gguf")" \
-                "$(realpath "$dir/requests-float.jsonl")" "$max_len" "$THREADS") > "$dir/llama-$q.json"
+            gguf=$(realpath "$dir/$q.gguf")
+            requests=$(realpath "$dir/requests-float.jsonl")
+            (cd "$INTEROP" && node "$(basename "$script")" "$gguf" "$requests" "$max_len" "$THREADS") > "$dir/llama-$q.json"
             cat "$dir/llama-$q.json" >&2
         done
     fi

@@ -168,11 +168,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                              r.tokens, r.seconds, r.encode_seconds, (documents ? r.requests : r.items) / std::max(r.seconds, 1e-9),
                              documents ? "windows" : "items");
   }
-  // Resident memory includes the memory-mapped checkpoint pages the model touched; tensor memory counts what
-  // LibTorch allocated (packed weights, activations), not the mapped float weights.
-  std::cerr << fmt::format("[peak memory: {:.1f} MiB resident, {:.1f} MiB of tensors on {}]\n",
-                           static_cast<double>(peak_rss_bytes()) / (1 << 20),
-                           static_cast<double>(peak_memory_bytes(load.device)) / (1 << 20), load.device.str());
+  std::cerr << "[" << peak_memory_summary(load.device) << "]\n";
 
   if (!o.dump_requests.empty()) {
     std::string text;

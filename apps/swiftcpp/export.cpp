@@ -43,7 +43,12 @@ int write_gguf(CausalLM& model, const ExportOptions& o) {
                                                                 r.fallback_tensors)
                                                   : "",
                            r.wide_tensors > 0 ? "; the output projection as Q8_0" : "",
-                           r.tokenizer_model == "llama" ? "sentencepiece" : r.tokenizer_model);
+                           r.tokenizer_model == "llama" ? "sentencepiece"
+                                                        : fmt::format("byte-level BPE (pre-tokenizer {})", r.pre_tokenizer));
+  if (!r.pre_tokenizer_known) {
+    std::cerr << fmt::format("warning: the split regex of {}/tokenizer.json has no llama.cpp name; wrote \"default\", "
+                             "so llama.cpp may split text differently from the checkpoint's tokenizer\n", o.model);
+  }
   return 0;
 }
 

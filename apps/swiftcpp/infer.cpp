@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "core/memory.h"
 #include "data/encode.h"
 #include "infer/generate.h"
 #include "template/template.h"
@@ -144,6 +145,7 @@ std::string run_single(Generator& gen, const GenerationConfig& config, const Inf
                            ids.size(), results[0].new_ids.size(), elapsed,
                            results[0].new_ids.size() / std::max(elapsed, 1e-9), results[0].finish_reason)
             << std::endl;
+  std::cerr << "[" << peak_memory_summary(gen.model()->device()) << "]" << std::endl;
   return results[0].text;
 }
 
@@ -250,6 +252,7 @@ int run_infer(const InferOptions& o) {
   // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
   // Hugging Face folder (--tokenizer, else the file's own folder), checked against the GGUF's vocabulary.
   const auto t0 = std::chrono::steady_clock::now();
+  install_memory_tracking();
   ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
   CausalLM model = loaded.model;
   const fs::path model_dir = loaded.assets_dir;

@@ -113,6 +113,11 @@ void reset_peak_memory(const c10::Device& device) {
   if (device.is_cpu()) g_peak = g_current.load();
 }
 
+std::string peak_memory_summary(const c10::Device& device) {
+  return "peak memory: " + std::to_string(peak_rss_bytes() >> 20) + " MiB resident, " +
+         std::to_string(peak_memory_bytes(device) >> 20) + " MiB of tensors on " + device.str();
+}
+
 int64_t peak_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);

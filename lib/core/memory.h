@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 
 namespace swiftcpp {
 
@@ -24,5 +25,10 @@ void reset_peak_memory(const c10::Device& device);
 
 /// The process's peak resident set (getrusage ru_maxrss) in bytes: everything, mapped files included.
 int64_t peak_rss_bytes();
+
+/// "peak memory: R MiB resident, T MiB of tensors on DEVICE": resident memory includes the memory-mapped
+/// checkpoint pages the process touched; tensor memory counts what LibTorch allocated (packed weights,
+/// activations, converted weights), not mapped float weights.
+std::string peak_memory_summary(const c10::Device& device);
 
 }  // namespace swiftcpp

@@ -9,10 +9,17 @@
 
 namespace swiftcpp::nn {
 
+namespace {
+// A parameter of the right shape that owns no memory (one element seen through zero strides): checkpoints replace
+// it (load_weights), so building a model never allocates its float weights, which a packed or memory-mapped
+// checkpoint would then not need.
+at::Tensor placeholder(at::IntArrayRef shape) { return at::empty({1}).expand(shape); }
+}  // namespace
+
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias)
     : in_features_(in_features), out_features_(out_features) {
-  weight = register_parameter("weight", at::empty({out_features, in_features}));
-  if (has_bias) bias = register_parameter("bias", at::empty({out_features}));
+  weight = register_parameter("weight", placeholder({out_features, in_features}));
+  if (has_bias) bias = register_parameter("bias", placeholder({out_features}));
 }
 
 namespace {
@@ -54,7 +61,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim) {
-  weight = register_parameter("weight", at::empty({num_embeddings, dim}));
+  weight = register_parameter("weight", placeholder({num_embeddings, dim}));
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }

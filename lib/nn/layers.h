@@ -26,8 +26,8 @@ struct LoraWeights {
 
 /// y = x W^T (+ b), plus scale * B(A(dropout(x))) when a LoRA adapter is attached (PEFT's formula; DoRA
 /// rescales each output row by magnitude / ||W + scale B A||, the norm taken without gradient as PEFT does).
-/// Parameters `weight` [out, in] and optionally `bias` [out], allocated uninitialised: they are meant to be
-/// filled from a checkpoint.
+/// Parameters `weight` [out, in] and optionally `bias` [out] start as placeholders of the right shape that own no
+/// memory: they are meant to be filled from a checkpoint.
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias);
@@ -51,7 +51,7 @@ class LinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-/// Token embedding table `weight` [vocab, dim].
+/// Token embedding table `weight` [vocab, dim] (a placeholder until a checkpoint fills it, as in Linear).
 class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t dim);

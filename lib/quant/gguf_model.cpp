@@ -160,6 +160,99 @@ std::string gguf_tensor_name(const std::string& hf) {
   return "";
 }
 
+// A byte-level BPE vocabulary as llama.cpp's "gpt2" tokenizer model takes it, from a Hugging Face tokenizer.json:
+// tokens by id (vocabulary strings, added tokens' contents, "[PADn]" for ids neither names), their types (1 normal,
+// 3 control for special added tokens, 4 user-defined for the other added tokens, 5 unused for the padding), the
+// merges as "left right" strings in rank order, and the pre-tokenizer's llama.cpp name.
+struct BpeVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  std::string pre;         // tokenizer.ggml.pre
+  bool pre_known = false;  // false: "default" written for a split llama.cpp does not name
+};
+
+// The split regexes llama.cpp knows by name (facts of the public tokenizers that use them).
+std::string pre_tokenizer_name(const Json& pre) {
+  const std::string gpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+  const std::string llama3 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::string qwen2 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  if (!pre.is_object()) return "";
+  const std::string type = pre.value("type", "");
+  // ByteLevel splitting with its own (GPT-2) regex.
+  if (type == "ByteLevel") return pre.value("use_regex", true) ? "gpt-2" : "";
+  if (type == "Split" && pre.contains("pattern") && pre["pattern"].contains("Regex")) {
+    const std::string regex = pre["pattern"]["Regex"].get<std::string>();
+    if (regex == llama3) return "llama-bpe";
+    if (regex == qwen2) return "qwen2";
+    if (regex == gpt2) return "gpt-2";
+    return "";
+  }
+  if (type == "Sequence" && pre.contains("pretokenizers")) {
+    // Split(regex) then ByteLevel(use_regex false): the split decides.
+    std::string name;
+    for (const Json& step : pre["pretokenizers"]) {
+      const std::string t = step.value("type", "");
+      if (t == "Split" || (t == "ByteLevel" && step.value("use_regex", true))) {
+        if (!name.empty()) return "";
+        name = pre_tokenizer_name(step);
+        if (name.empty()) return "";
+      } else if (t != "ByteLevel") {
+        return "";
+      }
+    }
+    return name;
+  }
+  return "";
+}
+
+BpeVocab read_bpe_vocab(const fs::path& tokenizer_json, int64_t vocab_size) {
+  const Json root = load_json_file(tokenizer_json);
+  const std::string where = tokenizer_json.string();
+  if (!root.contains("model") || root["model"].value("type", "") != "BPE" || !root["model"].contains("vocab")) {
+    fail<ConfigError>("GGUF export: {} is not a BPE tokenizer (model.type BPE with a vocab); only sentencepiece and "
+                      "byte-level BPE vocabularies are exported", where);
+  }
+  BpeVocab v;
+  int64_t n = vocab_size;
+  const Json& vocab = root["model"]["vocab"];
+  const Json added = root.value("added_tokens", Json::array());
+  for (const auto& [piece, id] : vocab.items()) n = std::max<int64_t>(n, id.get<int64_t>() + 1);
+  for (const Json& a : added) n = std::max<int64_t>(n, a.at("id").get<int64_t>() + 1);
+  if (n > vocab_size) {
+    fail<ConfigError>("GGUF export: {} has ids up to {}, more than the model's vocab_size {}", where, n - 1, vocab_size);
+  }
+  v.tokens.assign(static_cast<size_t>(n), "");
+  v.types.assign(static_cast<size_t>(n), 0);
+  for (const auto& [piece, id] : vocab.items()) {
+    v.tokens[id.get<size_t>()] = piece;
+    v.types[id.get<size_t>()] = 1;
+  }
+  for (const Json& a : added) {
+    const size_t id = a.at("id").get<size_t>();
+    v.tokens[id] = a.at("content").get<std::string>();
+    v.types[id] = a.value("special", false) ? 3 : 4;
+  }
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    if (v.types[i] == 0) {
+      v.tokens[i] = fmt::format("[PAD{}]", i);
+      v.types[i] = 5;
+    }
+  }
+  for (const Json& m : root["model"].value("merges", Json::array())) {
+    // "left right" (older files) or ["left", "right"] (tokenizers >= 0.20).
+    v.merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+  }
+  v.pre = pre_tokenizer_name(root.value("pre_tokenizer", Json()));
+  v.pre_known = !v.pre.empty();
+  if (!v.pre_known) v.pre = "default";
+  return v;
+}
+
 uint32_t file_type(GgmlType t) {
   switch (t) {
     case GgmlType::F32: return 0;
@@ -210,44 +303,57 @@ GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const f
     w.set_f32(arch + ".rope.scaling.factor", c.rope_scaling.factor);
   }
 
-  // Tokenizer: sentencepiece pieces, scores and types, the checkpoint's special tokens and chat template.
+  // Tokenizer: sentencepiece pieces, scores and types, or a byte-level BPE vocabulary with its merges; then the
+  // checkpoint's special tokens and chat template.
   const fs::path spm = model_dir / "tokenizer.model";
-  if (!fs::exists(spm)) {
-    fail<ConfigError>("GGUF export: {} has no tokenizer.model; only sentencepiece vocabularies are exported so far "
-                      "(byte-level BPE is not yet)", model_dir.string());
+  const fs::path bpe_json = model_dir / "tokenizer.json";
+  if (fs::exists(spm)) {
+    const SentencePieceVocab vocab = read_sentencepiece_vocab(spm);
+    if (static_cast<int64_t>(vocab.pieces.size()) > c.vocab_size) {
+      fail<ConfigError>("GGUF export: {} has {} pieces, more than the model's vocab_size {}", spm.string(),
+                        vocab.pieces.size(), c.vocab_size);
+    }
+    Json tokens = Json::array(), scores = Json::array(), types = Json::array();
+    for (size_t i = 0; i < vocab.pieces.size(); ++i) {
+      tokens.push_back(vocab.pieces[i]);
+      scores.push_back(vocab.scores[i]);
+      types.push_back(vocab.types[i]);
+    }
+    for (int64_t i = static_cast<int64_t>(vocab.pieces.size()); i < c.vocab_size; ++i) {  // embedding rows past the
+      tokens.push_back(fmt::format("[PAD{}]", i));                                         // vocabulary, as llama.cpp's
+      scores.push_back(-1000.0);                                                           // converter pads them
+      types.push_back(5);  // UNUSED
+    }
+    report.tokenizer_model = "llama";
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.set_array("tokenizer.ggml.tokens", GgufType::STRING, tokens);
+    w.set_array("tokenizer.ggml.scores", GgufType::FLOAT32, scores);
+    w.set_array("tokenizer.ggml.token_type", GgufType::INT32, types);
+    for (size_t i = 0; i < vocab.types.size(); ++i) {
+      if (vocab.types[i] == 2) {
+        w.set_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(i));
+        break;
+      }
+    }
+  } else if (fs::exists(bpe_json)) {
+    const BpeVocab vocab = read_bpe_vocab(bpe_json, c.vocab_size);
+    report.tokenizer_model = "gpt2";
+    report.pre_tokenizer = vocab.pre;
+    report.pre_tokenizer_known = vocab.pre_known;
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", vocab.pre);
+    w.set_array("tokenizer.ggml.tokens", GgufType::STRING, Json(vocab.tokens));
+    w.set_array("tokenizer.ggml.token_type", GgufType::INT32, Json(vocab.types));
+    w.set_array("tokenizer.ggml.merges", GgufType::STRING, Json(vocab.merges));
+  } else {
+    fail<ConfigError>("GGUF export: {} has neither tokenizer.model (sentencepiece) nor tokenizer.json (BPE)",
+                      model_dir.string());
   }
-  const SentencePieceVocab vocab = read_sentencepiece_vocab(spm);
-  if (static_cast<int64_t>(vocab.pieces.size()) > c.vocab_size) {
-    fail<ConfigError>("GGUF export: {} has {} pieces, more than the model's vocab_size {}", spm.string(),
-                      vocab.pieces.size(), c.vocab_size);
-  }
-  Json tokens = Json::array(), scores = Json::array(), types = Json::array();
-  for (size_t i = 0; i < vocab.pieces.size(); ++i) {
-    tokens.push_back(vocab.pieces[i]);
-    scores.push_back(vocab.scores[i]);
-    types.push_back(vocab.types[i]);
-  }
-  for (int64_t i = static_cast<int64_t>(vocab.pieces.size()); i < c.vocab_size; ++i) {  // embedding rows past the
-    tokens.push_back(fmt::format("[PAD{}]", i));                                         // vocabulary, as llama.cpp's
-    scores.push_back(-1000.0);                                                           // converter pads them
-    types.push_back(5);  // UNUSED
-  }
-  report.tokenizer_model = "llama";
-  w.set_string("tokenizer.ggml.model", "llama");
-  w.set_array("tokenizer.ggml.tokens", GgufType::STRING, tokens);
-  w.set_array("tokenizer.ggml.scores", GgufType::FLOAT32, scores);
-  w.set_array("tokenizer.ggml.token_type", GgufType::INT32, types);
   const auto tokenizer = load_tokenizer(model_dir);
   const SpecialTokens& sp = tokenizer->specials();
   if (sp.bos) w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*sp.bos));
   if (!sp.eos.empty()) w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(sp.eos.front()));
   if (sp.pad) w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(*sp.pad));
-  for (size_t i = 0; i < vocab.types.size(); ++i) {
-    if (vocab.types[i] == 2) {
-      w.set_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(i));
-      break;
-    }
-  }
   w.set_bool("tokenizer.ggml.add_bos_token", sp.add_bos);
   w.set_bool("tokenizer.ggml.add_eos_token", sp.add_eos);
   if (fs::exists(model_dir / "tokenizer_config.json")) {

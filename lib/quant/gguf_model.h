@@ -24,7 +24,9 @@ struct GgufExportReport {
   int64_t fallback_tensors = 0;  // 2-D weights whose rows do not divide into the type's blocks, written as F16
   int64_t wide_tensors = 0;      // the output projection kept at Q8_0 in a Q4_0 file (wide_output)
   std::string architecture;
-  std::string tokenizer_model;   // "llama" (sentencepiece)
+  std::string tokenizer_model;   // "llama" (sentencepiece) or "gpt2" (byte-level BPE)
+  std::string pre_tokenizer;     // BPE: tokenizer.ggml.pre ("gpt-2", "llama-bpe", "qwen2", or "default")
+  bool pre_tokenizer_known = true;  // BPE: false when the split regex has no llama.cpp name ("default" written)
 };
 
 /// The GGUF architecture llama.cpp uses for a model_type: llama and mistral -> "llama", qwen2, qwen3. Throws

@@ -1,8 +1,11 @@
 #include "quant/packed.h"
 
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 
@@ -27,22 +30,158 @@ at::Tensor unpack_rows(const at::Tensor& packed, int64_t bits) {
 }
 
 at::Tensor PackedWeight::dequantize(at::ScalarType dtype) const {
-  const at::Tensor q = unpack_rows(qweight, bits);                             // [in, out]
-  const at::Tensor z = unpack_rows(qzeros.t(), bits).t().add(1);               // [groups, out]
-  const at::Tensor g = g_idx.to(at::kLong);
-  const at::Tensor w = (q - z.index_select(0, g)).to(at::kFloat) * scales.to(at::kFloat).index_select(0, g);  // [in, out]
-  return w.t().contiguous().to(dtype);                                         // [out, in]
+  return dequantize_rows(0, out_features, dtype).contiguous();  // [out, in]
 }
+
+namespace {
+
+// Scales and zero points of output columns [first, first + count) as float32: {[groups, count], [groups, count]}.
+std::pair<at::Tensor, at::Tensor> column_params(const PackedWeight& p, int64_t first, int64_t count) {
+  const int64_t per = 32 / p.bits;
+  const at::Tensor s = p.scales.narrow(1, first, count).to(at::kFloat).contiguous();
+  const at::Tensor z = unpack_rows(p.qzeros.narrow(1, first / per, count / per).t(), p.bits).t().add(1);
+  return {s, z.to(at::kFloat).contiguous()};
+}
+
+// The CPU kernels below read the packed words directly (no intermediate integer tensors).
+bool cpu_kernels(const PackedWeight& p) {
+  return p.qweight.is_cpu() && p.qweight.scalar_type() == at::kInt && p.qweight.is_contiguous() &&
+         p.g_idx.scalar_type() == at::kInt && p.g_idx.is_contiguous();
+}
+
+// dst[i, c] = s[g[i], c] * (q(i, c) - z[g[i], c]) for input rows [i0, i1) and `count` columns, q(i, c) the bits of
+// input i in word row[c] (row = the packed row of i). Compiled for AVX-512, AVX2 and plain x86-64; the loader picks.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SWIFTCPP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SWIFTCPP_CLONES
+#endif
+
+SWIFTCPP_CLONES
+void dequantize_block(const int32_t* qweight, int64_t out_features, int64_t first, int64_t count, const int32_t* g_idx,
+                      const float* scales, const float* zeros, int64_t bits, int64_t i0, int64_t i1, float* dst) {
+  const int64_t per = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(qweight + (i / per) * out_features + first);
+    const uint32_t shift = static_cast<uint32_t>(bits * (i % per));
+    const float* s = scales + static_cast<int64_t>(g_idx[i]) * count;
+    const float* z = zeros + static_cast<int64_t>(g_idx[i]) * count;
+    float* d = dst + (i - i0) * count;
+    for (int64_t c = 0; c < count; ++c) d[c] = s[c] * (static_cast<float>((row[c] >> shift) & mask) - z[c]);
+  }
+}
+
+// acc[m, c] += sum over inputs i of the group [i0, i1) of x[m, i] q(i, c), then y[m, c] += s[c] * (acc - z[c] *
+// sum_i x[m, i]); `x` rows have stride `in`. One group of contiguous inputs (no act-order).
+SWIFTCPP_CLONES
+void gemv_group(const int32_t* qweight, int64_t out_features, int64_t first, int64_t count, const float* s,
+                const float* z, int64_t bits, int64_t i0, int64_t i1, const float* x, int64_t rows, int64_t in,
+                float* acc, float* y) {
+  const int64_t per = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  for (int64_t m = 0; m < rows; ++m) {
+    float* a = acc + m * count;
+    for (int64_t c = 0; c < count; ++c) a[c] = 0;
+    float xsum = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const float xv = x[m * in + i];
+      xsum += xv;
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(qweight + (i / per) * out_features + first);
+      const uint32_t shift = static_cast<uint32_t>(bits * (i % per));
+      for (int64_t c = 0; c < count; ++c) a[c] += xv * static_cast<float>((row[c] >> shift) & mask);
+    }
+    float* out = y + m * count;
+    for (int64_t c = 0; c < count; ++c) out[c] += s[c] * (a[c] - z[c] * xsum);
+  }
+}
+
+// W^T [in, count] (float32) for output columns [first, first + count), on the CPU.
+at::Tensor dequantize_columns_cpu(const PackedWeight& p, int64_t first, int64_t count) {
+  const auto [s, z] = column_params(p, first, count);
+  at::Tensor w = at::empty({p.in_features, count}, at::kFloat);
+  const int32_t* q = p.qweight.data_ptr<int32_t>();
+  const int32_t* g = p.g_idx.data_ptr<int32_t>();
+  const float* sp = s.data_ptr<float>();
+  const float* zp = z.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, p.in_features, 16, [&](int64_t i0, int64_t i1) {
+    dequantize_block(q, p.out_features, first, count, g, sp, zp, p.bits, i0, i1, wp + i0 * count);
+  });
+  return w;
+}
+
+// y [rows, out] = x [rows, in] W^T for a few rows (decoding), on the CPU, never forming W: the packed words are
+// read once per row and column block. Groups of contiguous inputs (no act-order) multiply the integers first and
+// apply scale and zero point once per group; act-order layers dequantise each input row of a block on the fly.
+at::Tensor packed_gemv_cpu(const PackedWeight& p, const at::Tensor& x) {
+  const int64_t rows = x.size(0), in = p.in_features, out = p.out_features;
+  const auto [s, z] = column_params(p, 0, out);  // [groups, out]
+  const int64_t groups = s.size(0), group = in / groups;
+  const int32_t* g = p.g_idx.data_ptr<int32_t>();
+  bool ordered = in % groups == 0;
+  for (int64_t i = 0; i < in && ordered; ++i) ordered = g[i] == i / group;
+  at::Tensor y = at::zeros({rows, out}, at::kFloat);
+  const int32_t* q = p.qweight.data_ptr<int32_t>();
+  const float* xp = x.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+  const float* zp = z.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t kBlock = 256;  // output columns per task: the accumulators stay in L1
+  const int64_t blocks = (out + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> acc(static_cast<size_t>(rows * kBlock)), part(static_cast<size_t>(rows * kBlock));
+    std::vector<float> tile;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t first = b * kBlock, count = std::min(kBlock, out - first);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      if (ordered) {
+        std::vector<float> sg(static_cast<size_t>(count)), zg(static_cast<size_t>(count));
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          std::copy(sp + gi * out + first, sp + gi * out + first + count, sg.begin());
+          std::copy(zp + gi * out + first, zp + gi * out + first + count, zg.begin());
+          gemv_group(q, out, first, count, sg.data(), zg.data(), p.bits, gi * group, (gi + 1) * group, xp, rows, in,
+                     part.data(), acc.data());
+        }
+      } else {
+        // Dequantise 64 input rows of this column block at a time, then multiply.
+        constexpr int64_t kRows = 64;
+        std::vector<float> sb(static_cast<size_t>(groups * count)), zb(static_cast<size_t>(groups * count));
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          std::copy(sp + gi * out + first, sp + gi * out + first + count, sb.begin() + gi * count);
+          std::copy(zp + gi * out + first, zp + gi * out + first + count, zb.begin() + gi * count);
+        }
+        tile.resize(static_cast<size_t>(kRows * count));
+        for (int64_t i0 = 0; i0 < in; i0 += kRows) {
+          const int64_t i1 = std::min(in, i0 + kRows);
+          dequantize_block(q, out, first, count, g, sb.data(), zb.data(), p.bits, i0, i1, tile.data());
+          for (int64_t m = 0; m < rows; ++m) {
+            float* a = acc.data() + m * count;
+            for (int64_t i = i0; i < i1; ++i) {
+              const float xv = xp[m * in + i];
+              const float* w = tile.data() + (i - i0) * count;
+              for (int64_t c = 0; c < count; ++c) a[c] += xv * w[c];
+            }
+          }
+        }
+      }
+      for (int64_t m = 0; m < rows; ++m) std::copy(acc.begin() + m * count, acc.begin() + (m + 1) * count, yp + m * out + first);
+    }
+  });
+  return y;
+}
+
+}  // namespace
 
 at::Tensor PackedWeight::dequantize_rows(int64_t first, int64_t count, at::ScalarType dtype) const {
   const int64_t per = 32 / bits;
   TORCH_CHECK(first % per == 0 && count % per == 0, "dequantize_rows: rows ", first, "+", count, " are not whole words");
-  const at::Tensor q = unpack_rows(qweight.narrow(1, first, count), bits);                            // [in, count]
-  const at::Tensor z = unpack_rows(qzeros.narrow(1, first / per, count / per).t(), bits).t().add(1);  // [groups, count]
+  if (cpu_kernels(*this)) return dequantize_columns_cpu(*this, first, count).t().to(dtype);  // [count, in] (a view)
+  const at::Tensor q = unpack_rows(qweight.narrow(1, first, count), bits);                    // [in, count]
+  const auto [s, z] = column_params(*this, first, count);                                    // [groups, count]
   const at::Tensor g = g_idx.to(at::kLong);
-  const at::Tensor s = scales.narrow(1, first, count).to(at::kFloat);                                 // [groups, count]
-  const at::Tensor w = (q - z.index_select(0, g)).to(at::kFloat) * s.index_select(0, g);              // [in, count]
-  return w.t().contiguous().to(dtype);                                                                // [count, in]
+  const at::Tensor w = (q.to(at::kFloat) - z.index_select(0, g)) * s.index_select(0, g);      // [in, count]
+  return w.t().to(dtype);                                                                     // [count, in]
 }
 
 int64_t PackedWeight::tile_rows() const {
@@ -79,6 +218,14 @@ class PackedLinearFn : public torch::autograd::Function<PackedLinearFn> {
     ctx->save_for_backward({qweight, qzeros, scales, g_idx});
     ctx->saved_data["bits"] = bits;
     ctx->saved_data["out"] = out;
+    // A few rows (decoding) on the CPU: straight from the packed words. More rows: dequantised tiles and GEMM.
+    constexpr int64_t kGemvRows = 8;
+    if (cpu_kernels(p) && x.numel() <= kGemvRows * p.in_features) {
+      auto shape = x.sizes().vec();
+      shape.back() = out;
+      const at::Tensor x2 = x.reshape({-1, p.in_features}).to(at::kFloat).contiguous();
+      return packed_gemv_cpu(p, x2).to(x.scalar_type()).view(shape);  // [..., out]
+    }
     const int64_t tile = p.tile_rows();
     const bool one_row = x.numel() == p.in_features;  // a decode step: gemv, as nn::Linear does
     const at::Tensor row = one_row ? x.reshape({-1}) : at::Tensor();

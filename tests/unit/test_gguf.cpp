@@ -12,6 +12,7 @@
 #include "io/gguf.h"
 #include "quant/gguf_model.h"
 #include "tests/test_util.h"
+#include "tests/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {
@@ -248,6 +249,50 @@ TEST(GgufModel, InferRunsAGgufFileLikeTheCheckpointItCameFrom) {
   EXPECT_NE(no_tokenizer.out.find("--tokenizer DIR"), std::string::npos) << no_tokenizer.out;
 }
 
+// A byte-level BPE vocabulary is written as llama.cpp's own converter writes GPT-2's: the same tokens, types,
+// merges, pre-tokenizer name and special ids as llama.cpp's ggml-vocab-gpt-2.gguf.
+TEST(GgufModel, BpeVocabularyIsWrittenAsLlamaCppWritesGpt2s) {
+  const fs::path gpt2 = test::assets() / "tokenizers/gpt2";
+  const fs::path reference = test::assets() / "tokenizers/llamacpp-vectors/ggml-vocab-gpt-2.gguf";
+  SWIFTCPP_REQUIRE_SHARED(gpt2);
+  SWIFTCPP_REQUIRE_SHARED(reference);
+  const fs::path dir = test::temp_dir("gguf_bpe");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    fs::copy_file(gpt2 / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  CausalLM model = test::tiny_llama(50257, 1, at::kFloat);
+  const GgufExportReport r = export_gguf(model, dir, dir / "bpe.gguf", {});
+  EXPECT_EQ(r.tokenizer_model, "gpt2");
+  EXPECT_EQ(r.pre_tokenizer, "gpt-2");
+  EXPECT_TRUE(r.pre_tokenizer_known);
+  const auto ours = GgufFile::open(dir / "bpe.gguf");
+  const auto theirs = GgufFile::open(reference);
+  for (const char* key : {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                          "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+    EXPECT_EQ(ours->at(key).value, theirs->at(key).value) << key;
+    EXPECT_EQ(ours->at(key).type, theirs->at(key).type) << key;
+  }
+  // Read back through our own loader with the tokenizer folder: the vocabulary check passes.
+  const ModelWithTokenizer loaded = load_model_with_tokenizer((dir / "bpe.gguf").string(), dir.string(), {});
+  EXPECT_EQ(loaded.tokenizer->vocab_size(), 50257);
+  // A split regex llama.cpp has no name for is written as "default" and reported.
+  Json changed = load_json_file(gpt2 / "tokenizer.json");
+  changed["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
+  const fs::path odd = test::temp_dir("gguf_bpe_odd");
+  write_file_atomic(odd / "tokenizer.json", changed.dump());
+  const GgufExportReport r2 = export_gguf(model, odd, odd / "odd.gguf", {});
+  EXPECT_FALSE(r2.pre_tokenizer_known);
+  EXPECT_EQ(GgufFile::open(odd / "odd.gguf")->at("tokenizer.ggml.pre").value, "default");
+  // No tokenizer at all: a ConfigError naming the folder.
+  const fs::path none = test::temp_dir("gguf_bpe_none");
+  test::expect_error<ConfigError>([&] { export_gguf(model, none, none / "x.gguf", {}); },
+                                  {none.string(), "neither tokenizer.model"});
+}
+
 // A real llama.cpp (the pinned npm package scripts/setup_llama_interop.sh installs, which setup.sh runs) loads our
 // GGUFs: in f32 its next-token log-probabilities equal ours to 1e-4 and its greedy continuation is ours; q8_0 and
 // q4_0 files load and generate.
@@ -326,6 +371,39 @@ TEST(GgufModel, AnotherModelsTokenizerIsRefused) {
   check_gguf_vocabulary(*g, *load_tokenizer(test::stories_dir()), "stories260K");
   test::expect_error<ConfigError>([&] { check_gguf_vocabulary(*g, *load_tokenizer(llama2), "llama2"); },
                                   {"llama2", "s.gguf", "not the tokenizer this GGUF was made with"});
+}
+
+// llama.cpp tokenizes with the BPE vocabulary we exported exactly as with its own GPT-2 file: its test vectors'
+// expected ids.
+TEST(GgufInterop, LlamaCppTokenizesWithOurBpeVocabulary) {
+  const fs::path interop = test::source_dir() / "third_party/llama-interop";
+  if (!fs::exists(interop / "node_modules/node-llama-cpp/package.json")) {
+    GTEST_SKIP() << "skipped: no llama.cpp in " << interop.string() << " (scripts/setup_llama_interop.sh found no "
+                 << "node/npm or could not reach the npm registry)";
+  }
+  const fs::path gpt2 = test::assets() / "tokenizers/gpt2";
+  const fs::path vectors = test::assets() / "tokenizers/llamacpp-vectors";
+  SWIFTCPP_REQUIRE_SHARED(gpt2);
+  SWIFTCPP_REQUIRE_SHARED(vectors);
+  const fs::path dir = test::temp_dir("gguf_bpe_interop");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(gpt2 / f, dir / f, fs::copy_options::overwrite_existing);
+  CausalLM model = test::tiny_llama(50257, 1, at::kFloat);
+  export_gguf(model, dir, dir / "bpe.gguf", {});
+  const fs::path script = interop / fmt::format(".swiftcpp-tokenize-{}.mjs", getpid());
+  fs::copy_file(test::source_dir() / "tests/interop/llama_cpp_tokenize.mjs", script, fs::copy_options::overwrite_existing);
+  const fs::path out = dir / "ids.json";
+  const int status = std::system(fmt::format("cd {} && node {} {} {} >{} 2>{}.err", interop.string(),
+                                             script.filename().string(), (dir / "bpe.gguf").string(),
+                                             (vectors / "ggml-vocab-gpt-2.gguf.inp").string(), out.string(),
+                                             out.string()).c_str());
+  fs::remove(script);
+  ASSERT_EQ(status, 0) << "llama.cpp failed; see " << out << ".err";
+  const Json ids = Json::parse(read_text_file(out));
+  const auto expected = test::read_llamacpp_vectors(vectors / "ggml-vocab-gpt-2.gguf.inp", vectors / "ggml-vocab-gpt-2.gguf.out");
+  ASSERT_EQ(ids.size(), expected.ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(ids[i].get<std::vector<int>>(), expected.ids[i]) << "text " << i << ": " << expected.texts[i];
+  }
 }
 
 }  // namespace

@@ -93,9 +93,19 @@ TEST(QuantPackedLinear, TilesGiveTheDenseProductAndItsInputGradient) {
   const at::Tensor dy = at::randn_like(y);
   y.backward(dy);
   EXPECT_LT((x.grad() - at::matmul(dy, dense)).abs().max().item<double>(), 1e-4);
-  // One row (a decode step) takes the matrix-vector path.
-  const at::Tensor row = at::randn({1, 1, 4096});
-  EXPECT_LT((packed_linear(row, p, at::Tensor()) - at::linear(row, dense)).abs().max().item<double>(), 1e-4);
+  // Up to 8 rows (decoding) take the kernel that reads the packed words directly, with groups of contiguous
+  // inputs or, after act-order, scattered ones (any g_idx naming group_size inputs per group).
+  PackedWeight scattered = *p;
+  scattered.g_idx = p->g_idx.index_select(0, at::randperm(4096, at::kLong)).contiguous();
+  const auto shuffled = std::make_shared<const PackedWeight>(scattered);
+  const at::Tensor shuffled_dense = shuffled->dequantize(at::kFloat);
+  EXPECT_FALSE(at::equal(shuffled_dense, dense));
+  for (int64_t rows : {1, 4}) {
+    const at::Tensor few = at::randn({rows, 1, 4096});
+    EXPECT_LT((packed_linear(few, p, at::Tensor()) - at::linear(few, dense)).abs().max().item<double>(), 1e-4) << rows;
+    EXPECT_LT((packed_linear(few, shuffled, bias) - at::linear(few, shuffled_dense, bias)).abs().max().item<double>(), 1e-4)
+        << rows;
+  }
 }
 
 TEST(QuantGptq, AnIdentityHessianGivesRoundToNearest) {
