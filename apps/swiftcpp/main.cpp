@@ -1,6 +1,8 @@
 // swiftcpp: one binary to fine-tune, evaluate, quantize and serve large language models.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
@@ -50,7 +52,12 @@ int main(int argc, char** argv) {
     return root.exit(e);
   }
   try {
-    configure_threads(globals.threads);
+    // Several workers on one machine (the launcher, torchrun): each takes its share of the cores by default.
+    int threads = globals.threads;
+    if (const char* lws = std::getenv("LOCAL_WORLD_SIZE"); threads == 0 && lws != nullptr && std::atoi(lws) > 1) {
+      threads = std::max(1, usable_cores() / std::atoi(lws));
+    }
+    configure_threads(threads);
     configure_allocator();
     const std::string warning = blas_warning();
     if (!warning.empty()) std::cerr << "swiftcpp: warning: " << warning << std::endl;
@@ -66,6 +73,8 @@ int main(int argc, char** argv) {
     return report("error", e.what(), 4);
   } catch (const ModelError& e) {
     return report("error", e.what(), 5);
+  } catch (const DistributedError& e) {
+    return report("error", e.what(), 6);
   } catch (const Error& e) {
     return report("error", e.what(), 1);
   } catch (const c10::Error& e) {

@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
+#include "apps/swiftcpp/launch.h"
 #include "core/progress.h"
 #include "train/trainer.h"
 #include "train/tune_chunks.h"
@@ -36,6 +38,7 @@ struct TrainOptions {
   bool list_keys = false;
   bool tune_chunks = false;
   ChunkTuneOptions tune;
+  LaunchOptions launch;
 };
 
 int run_tune(const TrainConfig& config, const ChunkTuneOptions& options) {
@@ -72,6 +75,8 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
     return 0;
   }
   if (o.tune_chunks) return run_tune(config, o.tune);
+  // The launcher: the recipe was checked above; the workers read it again.
+  if (o.launch.nproc_per_node > 0) return launch_workers(o.launch, strip_launcher_options(command_line));
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   TrainHooks hooks;
@@ -83,7 +88,8 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
   const TrainResult result = run_training(config, hooks);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  std::cout << result.last_checkpoint.string() << std::endl;
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr || std::string(rank) == "0") std::cout << result.last_checkpoint.string() << std::endl;
   if (result.interrupted) return 128 + g_signal.load();
   return 0;
 }
@@ -106,6 +112,14 @@ CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const
       ->check(CLI::Range(2, 1000));
   cmd->add_option("--memory-limit-mib", o->tune.memory_limit_mib, "peak tensor memory a candidate may use (0: any)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--nproc-per-node", o->launch.nproc_per_node,
+                  "start N worker processes here and train data-parallel (c10d: Gloo on CPU, NCCL on CUDA)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--nnodes", o->launch.nnodes, "machines in the job (with --nproc-per-node)")->capture_default_str();
+  cmd->add_option("--node-rank", o->launch.node_rank, "this machine's index in [0, --nnodes)")->capture_default_str();
+  cmd->add_option("--master-addr", o->launch.master_addr, "address of rank 0's machine (TCPStore rendezvous)")
+      ->capture_default_str();
+  cmd->add_option("--master-port", o->launch.master_port, "rendezvous port (default: a free port when --nnodes 1)");
   cmd->footer("Stops cleanly on Ctrl-C / SIGTERM after the current step with a checkpoint (exit 130 / 143);\n"
               "resume with resume_from_checkpoint=latest. Prints the last checkpoint folder on stdout.");
   return [o, argv]() { return run_train(*o, argv); };

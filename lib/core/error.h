@@ -39,6 +39,12 @@ class ModelError : public Error {
   using Error::Error;
 };
 
+/// Another process of a multi-process job failed, hung past the timeout, or could not be reached.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws E with a fmt-formatted message.
 template <typename E = Error, typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {

@@ -28,6 +28,10 @@ ConfigSchema<TrainConfig> make_schema() {
       .strings("target_modules", &C::target_modules, "linear layers to adapt: names (q_proj, ...) or all-linear")
       .boolean("use_rslora", &C::use_rslora, "rank-stabilised scale alpha / sqrt(r)")
       .boolean("use_dora", &C::use_dora, "DoRA: weight-decomposed adapters (magnitude + direction)")
+      .integer("zero_stage", &C::zero_stage, "multi-process: 1 shards the AdamW state across ranks (ZeRO-1), 0 keeps "
+               "a full copy on each", 0, 1)
+      .number("ddp_timeout", &C::ddp_timeout, "multi-process: seconds a rendezvous or collective waits for the other "
+              "ranks before failing (a dead or hung rank stops the job)", 1.0, 1e7)
       .integer("quant_bits", &C::quant_bits, "QLoRA: the frozen base's linear layers packed to int4 or int8 (0: float)", 0, 8)
       .integer("quant_group_size", &C::quant_group_size, "QLoRA: input columns per quantisation scale (-1: one per output row)", -1, 1 << 20)
       .strings("modules_to_save", &C::modules_to_save, "modules trained in full beside the adapter (lm_head, embed_tokens)")
@@ -47,6 +51,14 @@ ConfigSchema<TrainConfig> make_schema() {
                "ones split into dependent chunks", 1, kMaxInt)
       .integer("chunk_keep", &C::chunk_keep, "ChunkFlow: chunks of a split sequence whose activations stay alive (the "
                "others are recomputed in backward)", 1, kMaxInt)
+      .string("scheduler", &C::scheduler, "which samples of a global batch each process trains in which micro-batch: "
+              "in order (none), or a Skrull-family scheduler over the samples' lengths (micro-batches are then packed "
+              "rows of at most skrull_budget tokens)", {"none", "skrull", "skrull_paper", "round_robin", "sorted",
+              "flops_balanced"})
+      .integer("skrull_budget", &C::skrull_budget, "scheduler: tokens one process holds in one micro-batch (the "
+               "memory budget C; 0: max_length)", 0, kMaxInt)
+      .string("skrull_profile", &C::skrull_profile, "scheduler: device profile JSON from an earlier run's "
+              "device_profile.json (empty: measured at the start of this run and saved there)")
       .boolean("strict", &C::strict, "fail on the first bad data row (false: skip and count them)")
       .integer("dataset_num_proc", &C::dataset_num_proc, "preprocessing threads (0: every core)", 0, 1024)
       .string("data_cache_dir", &C::data_cache_dir, "folder caching tokenised data (empty: no cache)")
@@ -116,6 +128,18 @@ void validate_train_config(const TrainConfig& c) {
   if (effective_batching(c) == "chunkflow" && c.gradient_checkpointing) {
     fail<ConfigError>("gradient_checkpointing does not combine with batching: chunkflow; ChunkFlow bounds activation "
                       "memory itself: lower chunk_size or chunk_keep instead");
+  }
+  if (c.scheduler != "none") {
+    if (effective_batching(c) == "chunkflow") {
+      fail<ConfigError>("scheduler: {} places whole samples into packed micro-batches; it does not combine with "
+                        "batching: chunkflow (use batching: padding or packing)", c.scheduler);
+    }
+    const int64_t budget = c.skrull_budget > 0 ? c.skrull_budget : c.max_length;
+    if (budget < c.max_length) {
+      fail<ConfigError>("skrull_budget {} is below max_length {}: a sample that long could not be placed on one "
+                        "process (context parallelism is not available); raise skrull_budget or lower max_length",
+                        budget, c.max_length);
+    }
   }
   if (c.bf16 && c.torch_dtype != "float32") {
     fail<ConfigError>("bf16 autocast keeps float32 master weights: use torch_dtype float32 with bf16 true (got {})",

@@ -27,6 +27,8 @@ struct TrainConfig {
   std::vector<std::string> target_modules = {"all-linear"};
   bool use_rslora = false;
   bool use_dora = false;
+  int64_t zero_stage = 0;         // multi-process: 1 shards the optimizer state across ranks (ZeRO-1)
+  double ddp_timeout = 1800;      // multi-process: seconds a rendezvous or collective may wait for the others
   int64_t quant_bits = 0;         // QLoRA: 4 or 8 packs the frozen base linear layers (0: float base)
   int64_t quant_group_size = 64;  // QLoRA: input columns per quantisation scale
   std::vector<std::string> modules_to_save;
@@ -45,6 +47,9 @@ struct TrainConfig {
   std::string batching = "padding";  // padding | packing | chunkflow
   int64_t chunk_size = 2048;         // ChunkFlow: tokens per chunk (C)
   int64_t chunk_keep = 1;            // ChunkFlow: chunks of a split sequence whose activations stay alive (K)
+  std::string scheduler = "none";    // none | skrull | skrull_paper | round_robin | sorted | flops_balanced
+  int64_t skrull_budget = 0;         // scheduler: tokens per micro-batch on one rank (0: max_length)
+  std::string skrull_profile;        // scheduler: device profile JSON (empty: measured at the start of the run)
   bool strict = true;
   int64_t dataset_num_proc = 0;
   std::string data_cache_dir;

@@ -26,6 +26,7 @@
 #include "models/registry.h"
 #include "quant/gptq.h"
 #include "tokenizer/tokenizer.h"
+#include "train/schedule.h"
 
 namespace swiftcpp {
 
@@ -162,8 +163,9 @@ LoraConfig requested_lora(const TrainConfig& config) {
 // Trainer
 // ---------------------------------------------------------------------------------------------------------------
 
-Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& adapter_dir)
-    : config_(config), model_(std::move(model)) {
+Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& adapter_dir,
+                 std::shared_ptr<dist::Communicator> comm)
+    : config_(config), model_(std::move(model)), comm_(comm && comm->size() > 1 ? std::move(comm) : nullptr) {
   model_->train();
   model_->set_gradient_checkpointing(config_.gradient_checkpointing);
   std::vector<TrainableTensor> params;
@@ -193,12 +195,138 @@ Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& a
   adam.beta2 = config_.adam_beta2;
   adam.eps = config_.adam_epsilon;
   adam.weight_decay = config_.weight_decay;
+  params_ = params;
+  if (comm_ && config_.zero_stage == 1) {
+    // ZeRO-1: tensors dealt largest first to the rank with the fewest elements so far (ties: lowest rank, then
+    // tensor order), the same on every rank; each rank's AdamW holds state for its own tensors only.
+    std::vector<size_t> order(params_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return params_[a].tensor.numel() > params_[b].tensor.numel(); });
+    std::vector<int64_t> load(static_cast<size_t>(comm_->size()), 0);
+    owner_.assign(params_.size(), 0);
+    for (size_t i : order) {
+      const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+      owner_[i] = static_cast<int>(least);
+      load[static_cast<size_t>(least)] += params_[i].tensor.numel();
+    }
+    std::vector<TrainableTensor> mine;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] == comm_->rank()) mine.push_back(params_[i]);
+    }
+    params = std::move(mine);
+  }
   optimizer_ = std::make_unique<AdamW>(std::move(params), adam);
+}
+
+int64_t Trainer::global_count(int64_t local) const {
+  if (!comm_) return local;
+  return static_cast<int64_t>(comm_->all_reduce_sum(std::vector<double>{static_cast<double>(local)})[0]);
+}
+
+void Trainer::reduce_gradients() {
+  if (!comm_) return;
+  // A tensor some rank has no gradient for (no micro-batch there) joins with zeros, so that every rank reduces
+  // the same buckets; one that no rank has a gradient for stays without one, as in a single process.
+  at::NoGradGuard no_grad;
+  at::Tensor has = at::zeros({static_cast<int64_t>(params_.size())}, at::kDouble);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].tensor.grad().defined()) has[static_cast<int64_t>(i)] = 1.0;
+  }
+  std::vector<at::Tensor> flags{has};
+  comm_->all_reduce_sum(flags);
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (flags[0][static_cast<int64_t>(i)].item<double>() == 0) continue;
+    at::Tensor& t = params_[i].tensor;
+    if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
+    tensors.push_back(t);
+  }
+  dist::all_reduce_gradients(*comm_, tensors);
+}
+
+void Trainer::broadcast_updated() {
+  if (owner_.empty()) return;
+  at::NoGradGuard no_grad;
+  for (int r = 0; r < comm_->size(); ++r) {
+    std::vector<at::Tensor> views;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] == r) views.push_back(params_[i].tensor.detach().reshape({-1}).to(at::kFloat));
+    }
+    if (views.empty()) continue;
+    at::Tensor flat = at::cat(views);
+    comm_->broadcast(flat, r);
+    if (r == comm_->rank()) continue;
+    int64_t offset = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (owner_[i] != r) continue;
+      at::Tensor t = params_[i].tensor;
+      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+std::pair<std::vector<std::pair<std::string, at::Tensor>>, int64_t> Trainer::optimizer_state() {
+  if (owner_.empty()) return {optimizer_->state(), optimizer_->steps()};
+  // Each rank's share, broadcast from its owner (exp_avg and exp_avg_sq of one tensor at a time).
+  std::map<std::string, at::Tensor> mine;
+  for (auto& [name, t] : optimizer_->state()) mine[name] = t;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+      const std::string name = prefix + params_[i].name;
+      at::Tensor t = owner_[i] == comm_->rank() ? mine.at(name).clone()
+                                                : at::empty(params_[i].tensor.sizes(), at::kFloat);
+      comm_->broadcast(t, owner_[i]);
+      out.emplace_back(name, t);
+    }
+  }
+  return {out, optimizer_->steps()};
+}
+
+void Trainer::load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t steps,
+                                   const std::string& origin) {
+  if (owner_.empty()) {
+    optimizer_->load_state(tensors, steps, origin);
+    return;
+  }
+  std::set<std::string> wanted;
+  for (const auto& p : optimizer_->params()) {
+    wanted.insert("exp_avg." + p.name);
+    wanted.insert("exp_avg_sq." + p.name);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> mine;
+  for (const auto& [name, t] : tensors) {
+    if (wanted.count(name)) mine.emplace_back(name, t);
+  }
+  if (tensors.size() != 2 * params_.size()) {
+    fail<FormatError>("{}: optimizer state holds {} tensors, expected {} (another tuning setup?)", origin,
+                      tensors.size(), 2 * params_.size());
+  }
+  optimizer_->load_state(mine, steps, origin);
 }
 
 int64_t Trainer::warmup_steps(int64_t total_steps) const {
   if (config_.warmup_steps > 0) return config_.warmup_steps;
   return static_cast<int64_t>(std::ceil(config_.warmup_ratio * static_cast<double>(total_steps)));
+}
+
+double Trainer::time_forward_backward(const Batch& batch) {
+  model_->train();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    at::Tensor loss;
+    {
+      AutocastScope autocast(config_.bf16, model_->device());
+      loss = forward_loss(batch, nullptr);
+    }
+    loss.backward();
+    loss.item<double>();  // waits for the device
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  return seconds;
 }
 
 at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk, bool need_loss) {
@@ -233,9 +361,11 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
     r.label_tokens += b.label_tokens;
     r.real_tokens += b.real_tokens;
   }
+  r.label_tokens = global_count(r.label_tokens);  // every rank's: the loss is normalised over the global batch
   const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
-  optimizer_->zero_grad();
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();  // every tensor, not only this rank's (ZeRO-1)
   // Loss and accuracy stay on the device until the step ends: one host sync per step, not per micro-batch.
+  step_start_ = std::chrono::steady_clock::now();
   at::Tensor loss_sum, correct;
   for (const auto& batch : micro_batches) {
     if (batch.label_tokens == 0) continue;
@@ -255,11 +385,12 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
 StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t total_steps) {
   model_->train();
   StepResult r;
-  r.label_tokens = batch.label_tokens;
+  r.label_tokens = global_count(batch.label_tokens);
   r.real_tokens = batch.real_tokens;
   const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
-  optimizer_->zero_grad();
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();  // every tensor, not only this rank's (ZeRO-1)
   at::Tensor correct;
+  step_start_ = std::chrono::steady_clock::now();
   const ChunkLossFn loss = [&](const Batch& chunk, nn::ChunkKV* state, bool need_loss) {
     AutocastScope autocast(config_.bf16, model_->device());
     return forward_loss(chunk, need_loss ? &correct : nullptr, state, need_loss);
@@ -276,12 +407,31 @@ StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t
 void Trainer::finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
                           int64_t total_steps) {
   const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
-  r.loss = loss_sum.defined() ? loss_sum.item<double>() / denominator : 0.0;
-  r.token_acc = correct.defined() ? static_cast<double>(correct.item<int64_t>()) / denominator : 0.0;
+  double loss = loss_sum.defined() ? loss_sum.item<double>() : 0.0;
+  double hits = correct.defined() ? static_cast<double>(correct.item<int64_t>()) : 0.0;
+  // The values above waited for the device: this rank's forward and backward work is done.
+  r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  if (comm_) {
+    // One collective: the loss sums, the token counts and each rank's compute time in its own slot.
+    std::vector<double> v(3 + static_cast<size_t>(comm_->size()), 0.0);
+    v[0] = loss;
+    v[1] = hits;
+    v[2] = static_cast<double>(r.real_tokens);
+    v[3 + static_cast<size_t>(comm_->rank())] = r.compute_s;
+    const auto sums = comm_->all_reduce_sum(v);
+    loss = sums[0];
+    hits = sums[1];
+    r.real_tokens = static_cast<int64_t>(sums[2]);
+    r.rank_compute_s.assign(sums.begin() + 3, sums.end());
+  }
+  r.loss = loss / denominator;
+  r.token_acc = hits / denominator;
+  reduce_gradients();
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
   r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
                                  warmup_steps(total_steps), total_steps);
   optimizer_->step(r.learning_rate);
+  broadcast_updated();
 }
 
 std::pair<double, int64_t> Trainer::evaluate(const std::vector<Batch>& batches) {
@@ -325,7 +475,9 @@ fs::path find_latest_checkpoint(const fs::path& output_dir) {
 namespace {
 
 // Everything a resumed run must share with the run that wrote the checkpoint.
-Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total_steps) {
+// The batch keys are a single process's equivalent (accumulation x world size), so a run resumes under another
+// world size with the same global batch.
+Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total_steps, int world) {
   Json f = Json::object();
   f["model_config"] = fmt::format("{:016x}", hash_file(fs::path(c.model) / "config.json"));
   f["train_type"] = c.train_type;
@@ -349,8 +501,12 @@ Json run_fingerprint(const TrainConfig& c, const LoraConfig& lora, int64_t total
     f["chunk_size"] = c.chunk_size;
     f["chunk_keep"] = c.chunk_keep;
   }
+  if (c.scheduler != "none") {  // the scheduler changes which samples share a micro-batch, not the update
+    f["scheduler"] = c.scheduler;
+    f["skrull_budget"] = c.skrull_budget > 0 ? c.skrull_budget : c.max_length;
+  }
   f["per_device_train_batch_size"] = c.per_device_train_batch_size;
-  f["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  f["gradient_accumulation_steps"] = c.gradient_accumulation_steps * world;
   f["seed"] = c.seed;
   f["dataset_shuffle"] = c.dataset_shuffle;
   f["split_dataset_ratio"] = c.split_dataset_ratio;
@@ -398,9 +554,27 @@ struct RunState {
 };
 
 // Writes checkpoint-<step> under a temporary name and renames it into place; then trims to save_total_limit.
+// Several processes: every rank calls it (the optimizer state and RNG states are gathered), rank 0 writes, and all
+// wait for the checkpoint to be in place.
 fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunState& state, const fs::path& args_json) {
   const TrainConfig& c = trainer.config();
   const fs::path final_dir = run_dir / fmt::format("checkpoint-{}", state.global_step);
+  dist::Communicator* comm = trainer.comm().get();
+  std::vector<std::pair<std::string, at::Tensor>> rng_states;
+  std::pair<std::vector<std::pair<std::string, at::Tensor>>, int64_t> opt;
+  if (!c.save_only_model) {
+    opt = trainer.optimizer_state();
+    const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+    rng_states.emplace_back("cpu", rng);  // rank 0's (and a single process's)
+    if (comm != nullptr) {
+      const auto all = comm->all_gather(rng);
+      for (size_t r = 1; r < all.size(); ++r) rng_states.emplace_back(fmt::format("cpu.rank{}", r), all[r]);
+    }
+  }
+  if (comm != nullptr && comm->rank() != 0) {
+    comm->barrier();
+    return final_dir;
+  }
   const fs::path tmp = run_dir / fmt::format(".checkpoint-{}.tmp-{}", state.global_step, getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -415,16 +589,15 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
     copy_model_files(c.model, tmp);
   }
   if (!c.save_only_model) {
-    const AdamW& opt = trainer.optimizer();
-    save_safetensors(tmp / "optimizer.safetensors", opt.state(), {{"step", std::to_string(opt.steps())}});
-    auto generator = at::detail::getDefaultCPUGenerator();
-    const at::Tensor rng = generator.get_state();
-    save_safetensors(tmp / "rng_state.safetensors", {{"cpu", rng}});
+    save_safetensors(tmp / "optimizer.safetensors", opt.first, {{"step", std::to_string(opt.second)}});
+    save_safetensors(tmp / "rng_state.safetensors", rng_states,
+                     {{"world_size", std::to_string(comm != nullptr ? comm->size() : 1)}});
     Json ts = {{"global_step", state.global_step},
                {"total_steps", state.total_steps},
                {"steps_per_epoch", state.steps_per_epoch},
                {"epoch", static_cast<double>(state.global_step) / static_cast<double>(state.steps_per_epoch)},
-               {"optimizer_steps", opt.steps()},
+               {"optimizer_steps", opt.second},
+               {"world_size", comm != nullptr ? comm->size() : 1},
                {"fingerprint", state.fingerprint}};
     write_file_atomic(tmp / "trainer_state.json", ts.dump(2) + "\n");
   }
@@ -448,6 +621,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
       all.erase(all.begin());
     }
   }
+  if (comm != nullptr) comm->barrier();
   return final_dir;
 }
 
@@ -461,9 +635,20 @@ class NullBuffer : public std::streambuf {
 TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) {
   TrainConfig config = config_in;
   validate_train_config(config);
+  // Several processes (torchrun environment): data parallel over a c10d group; rank 0 logs and writes.
+  const dist::DistEnv env = dist::read_env();
+  at::Device device = parse_device(config.device);
+  if (device.is_cuda() && env.world_size > 1) device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  std::shared_ptr<dist::Communicator> comm;
+  if (env.world_size > 1) {
+    comm = std::make_shared<dist::Communicator>(
+        env, device, std::chrono::milliseconds(static_cast<int64_t>(config.ddp_timeout * 1000)));
+  }
+  const int rank = env.rank, world = env.world_size;
+  const bool writer = rank == 0;
   NullBuffer null_buffer;
   std::ostream null_stream(&null_buffer);
-  std::ostream& out = hooks.out != nullptr ? *hooks.out : null_stream;
+  std::ostream& out = hooks.out != nullptr && writer ? *hooks.out : null_stream;
   const auto start_time = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count(); };
 
@@ -483,7 +668,6 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
 
   // Model, tokenizer, data.
   install_memory_tracking();
-  const at::Device device = parse_device(config.device);
   LoadOptions load;
   load.device = device;
   load.dtype = parse_dtype(config.torch_dtype);
@@ -529,8 +713,9 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   // Items: samples, or packed rows of samples. ChunkFlow chunks each step's samples itself.
   const std::string batching = effective_batching(config);
   const bool packing = batching == "packing", chunkflow = batching == "chunkflow";
+  const bool scheduled = config.scheduler != "none";  // items are samples; the scheduler forms the micro-batches
   std::vector<std::vector<size_t>> items;
-  if (packing) {
+  if (packing && !scheduled) {
     std::vector<int64_t> lengths;
     for (const auto& s : tokenized.train) lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
     items = pack_best_fit_decreasing(lengths, config.max_length);
@@ -540,16 +725,17 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   const int64_t bs = config.per_device_train_batch_size, ga = config.gradient_accumulation_steps;
   const int64_t micro_per_epoch = (static_cast<int64_t>(items.size()) + bs - 1) / bs;
   RunState state;
-  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga - 1) / ga);
+  // A global batch is bs x ga items on each of the world's ranks: rank r takes the r-th run of bs x ga of it.
+  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga * world - 1) / (ga * world));
   state.total_steps = config.max_steps > 0
                           ? config.max_steps
                           : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.num_train_epochs * state.steps_per_epoch)));
 
   // A resumed run must be the run the checkpoint came from: compare before touching anything.
   state.fingerprint = run_fingerprint(config, config.train_type == "lora" ? requested_lora(config) : LoraConfig{},
-                                      state.total_steps);
+                                      state.total_steps, world);
   if (!resume_dir.empty()) check_fingerprint(resume_state.value("fingerprint", Json::object()), state.fingerprint, resume_dir);
-  Trainer trainer(config, model, resume_dir.empty() || config.train_type == "full" ? "" : resume_dir.string());
+  Trainer trainer(config, model, resume_dir.empty() || config.train_type == "full" ? "" : resume_dir.string(), comm);
   fs::path run_dir;
   if (!resume_dir.empty()) {
     const auto opt = SafetensorsFile::open(resume_dir / "optimizer.safetensors");
@@ -557,15 +743,26 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     for (const auto& info : opt->tensors()) tensors.emplace_back(info.name, opt->tensor(info.name));
     const auto steps_it = opt->metadata().find("step");
     if (steps_it == opt->metadata().end()) fail<FormatError>("{}: no 'step' in the metadata", opt->path().string());
-    trainer.optimizer().load_state(tensors, std::stoll(steps_it->second), opt->path().string());
-    const auto rng = SafetensorsFile::open(resume_dir / "rng_state.safetensors");
-    auto generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng->tensor("cpu").clone());
+    trainer.load_optimizer_state(tensors, std::stoll(steps_it->second), opt->path().string());
     state.global_step = resume_state.at("global_step").get<int64_t>();
+    // Each rank continues its own random stream; ranks the checkpoint has no stream for (another world size)
+    // start one from the seed, the rank and the step.
+    const auto rng = SafetensorsFile::open(resume_dir / "rng_state.safetensors");
+    const std::string key = rank == 0 ? "cpu" : fmt::format("cpu.rank{}", rank);
+    bool restored = false;
+    for (const auto& info : rng->tensors()) restored = restored || info.name == key;
+    if (restored) {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(rng->tensor(key).clone());
+    } else {
+      at::manual_seed(static_cast<uint64_t>(config.seed) + static_cast<uint64_t>(rank) +
+                      1000003ULL * static_cast<uint64_t>(state.global_step));
+    }
     run_dir = resume_dir.parent_path();
   } else {
-    at::manual_seed(static_cast<uint64_t>(config.seed));
-    run_dir = new_run_dir(config.output_dir);
+    at::manual_seed(static_cast<uint64_t>(config.seed) + static_cast<uint64_t>(rank));
+    run_dir = writer ? new_run_dir(config.output_dir) : fs::path();
+    if (comm) run_dir = comm->broadcast_string(run_dir.string(), 0, "swiftcpp/run_dir");
   }
 
   // args.json and the log (a resumed run keeps the records up to its checkpoint).
@@ -576,10 +773,11 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   args["model_type"] = trainer.model()->config().model_type;
   args["total_steps"] = state.total_steps;
   args["steps_per_epoch"] = state.steps_per_epoch;
-  write_file_atomic(args_json, args.dump(2) + "\n");
+  args["world_size"] = world;
+  if (writer) write_file_atomic(args_json, args.dump(2) + "\n");
   const fs::path log_file = run_dir / "logging.jsonl";
-  Json history = read_json_lines(log_file);
-  {
+  Json history = writer ? read_json_lines(log_file) : Json::array();
+  if (writer) {
     std::string kept;
     Json filtered = Json::array();
     for (const auto& record : history) {
@@ -591,9 +789,13 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     history = filtered;
     write_file_atomic(log_file, kept);
   }
-  std::ofstream log(log_file, std::ios::app);
-  if (!log) fail<IoError>("cannot append to {}", log_file.string());
+  std::ofstream log;
+  if (writer) {
+    log.open(log_file, std::ios::app);
+    if (!log) fail<IoError>("cannot append to {}", log_file.string());
+  }
   const auto append_log = [&](const Json& record) {
+    if (!writer) return;
     log << record.dump() << "\n";
     log.flush();
     history.push_back(record);
@@ -615,9 +817,12 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   }
   out << fmt::format("data: {} train samples, {} validation, {} tokens ({} trained){}\n", tokenized.train.size(),
                      tokenized.validation.size(), tokenized.stats.tokens, tokenized.stats.label_tokens, layout);
-  out << fmt::format("{} {}: {} trainable parameters; {} steps ({} per epoch), batch {} x {} accumulation\n",
+  out << fmt::format("{} {}: {} trainable parameters; {} steps ({} per epoch), batch {} x {} accumulation{}\n",
                      config.train_type, trainer.model()->config().model_type, trainable_count, state.total_steps,
-                     state.steps_per_epoch, bs, ga);
+                     state.steps_per_epoch, bs, ga,
+                     world > 1 ? fmt::format(" x {} processes ({}{})", world, comm ? "c10d " : "",
+                                             config.zero_stage == 1 ? ", ZeRO-1" : "")
+                               : "");
   if (!resume_dir.empty()) out << fmt::format("resuming from {} at step {}\n", resume_dir.string(), state.global_step);
   if (config.bf16 && device.is_cpu() && !cpu_has_bf16()) {
     out << "warning: bf16 autocast on a CPU without bf16 instructions (no avx512_bf16 / amx_bf16): LibTorch's "
@@ -644,13 +849,52 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   std::vector<size_t> order;
   double window_loss = 0, window_acc = 0, window_tokens = 0, window_seconds = 0;
   int64_t window_steps = 0, window_peak_bytes = 0;
+  std::vector<double> window_rank_compute(static_cast<size_t>(world), 0.0);  // per rank: forward+backward seconds
+  double window_modelled = 0;  // scheduler: the cost model's step time of the plans, summed
   double train_seconds = 0;
   int64_t steps_done = 0;
   fs::path last_saved;
 
+  // The scheduler's cost model: the model's shape and a device profile, read from skrull_profile or measured
+  // here (every rank takes part; rank 0's numbers are used by all) and saved as the run's device_profile.json.
+  GlobalBatchScheduler scheduler;
+  if (scheduled) {
+    scheduler.options.scheduler = skrull::parse_scheduler(config.scheduler);
+    scheduler.options.dp = world;
+    scheduler.options.cp = 1;
+    scheduler.options.budget = config.skrull_budget > 0 ? config.skrull_budget : config.max_length;
+    scheduler.cost.shape = model_shape(trainer.model()->config());
+    const fs::path stored = run_dir / "device_profile.json";
+    if (!config.skrull_profile.empty()) {
+      scheduler.cost.device = skrull::DeviceProfile::load(config.skrull_profile);
+    } else if (!resume_dir.empty() && fs::exists(stored)) {  // a resumed run plans as the run it continues
+      scheduler.cost.device = skrull::DeviceProfile::load(stored.string());
+    } else {
+      out << "measuring the device for the scheduler's cost model...\n";
+      // The probes must not move the random stream (dropout) the training continues with.
+      auto generator = at::detail::getDefaultCPUGenerator();
+      const at::Tensor rng = generator.get_state();
+      scheduler.cost.device = measure_device_profile(trainer, comm.get(), scheduler.options.budget);
+      generator.set_state(rng);
+    }
+    scheduler.cost.validate();
+    if (writer) write_file_atomic(stored, scheduler.cost.device.to_json().dump(2) + "\n");
+    out << fmt::format("scheduler {}: {} process{}, {} tokens per micro-batch, device profile {}\n", config.scheduler,
+                       world, world > 1 ? "es" : "", scheduler.options.budget,
+                       config.skrull_profile.empty() ? stored.string() : config.skrull_profile);
+  }
+
   const auto run_eval = [&](int64_t step) {
     if (val_batches.empty()) return;
-    const auto [sum, tokens] = trainer.evaluate(val_batches);
+    // Each rank scores every world-th batch; the sums are combined.
+    std::vector<Batch> mine;
+    for (size_t i = static_cast<size_t>(rank); i < val_batches.size(); i += static_cast<size_t>(world)) mine.push_back(val_batches[i]);
+    auto [sum, tokens] = trainer.evaluate(mine);
+    if (comm) {
+      const auto sums = comm->all_reduce_sum(std::vector<double>{sum, static_cast<double>(tokens)});
+      sum = sums[0];
+      tokens = static_cast<int64_t>(sums[1]);
+    }
     const double loss = sum / static_cast<double>(std::max<int64_t>(1, tokens));
     append_log({{"eval_loss", loss}, {"eval_tokens", tokens}, {"global_step", step},
                 {"epoch", static_cast<double>(step) / static_cast<double>(state.steps_per_epoch)}});
@@ -667,14 +911,31 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     }
     std::vector<Batch> micro;
     ChunkedBatch chunked;
-    const size_t first = static_cast<size_t>(k * bs * ga);
+    // This rank's share of the global batch: items [first, last).
+    const size_t first = std::min(items.size(), static_cast<size_t>((k * world + rank) * bs * ga));
     const size_t last = std::min(items.size(), first + static_cast<size_t>(bs * ga));
+    double modelled_s = 0;
+    if (scheduled) {  // the whole global batch's samples, placed by the scheduler; this rank's micro-batches packed
+      const size_t g0 = std::min(items.size(), static_cast<size_t>(k * world * bs * ga));
+      const size_t g1 = std::min(items.size(), g0 + static_cast<size_t>(world * bs * ga));
+      std::vector<int64_t> lengths;
+      for (size_t j = g0; j < g1; ++j) {
+        lengths.push_back(static_cast<int64_t>(tokenized.train[items[order[j]][0]].input_ids.size()));
+      }
+      const skrull::Plan plan = scheduler.plan(lengths);
+      modelled_s = skrull::model_step(plan, lengths, scheduler.cost).step_s;
+      for (const auto& mb : GlobalBatchScheduler::micro_batches_of(plan, rank)) {
+        std::vector<const Sample*> row;
+        for (size_t pos : mb) row.push_back(&tokenized.train[items[order[g0 + pos]][0]]);
+        micro.push_back(collate_packed({row}, pad_id));
+      }
+    }
     if (chunkflow) {  // the whole global batch, re-cut into chunks
       std::vector<const Sample*> group;
       for (size_t j = first; j < last; ++j) group.push_back(&tokenized.train[items[order[j]][0]]);
       chunked = build_chunked_batch(group, config.chunk_size, pad_id);
     }
-    for (size_t i = first; i < last && !chunkflow; i += bs) {
+    for (size_t i = first; i < last && !chunkflow && !scheduled; i += bs) {
       const size_t end = std::min(last, i + static_cast<size_t>(bs));
       if (packing) {
         std::vector<std::vector<const Sample*>> rows;
@@ -704,12 +965,17 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     window_acc += r.token_acc;
     window_tokens += static_cast<double>(r.real_tokens);
     window_seconds += seconds;
+    window_modelled += modelled_s;
+    for (size_t i = 0; i < window_rank_compute.size(); ++i) {
+      window_rank_compute[i] += r.rank_compute_s.empty() ? r.compute_s : r.rank_compute_s[i];
+    }
     ++window_steps;
     const double remaining = train_seconds / steps_done * static_cast<double>(state.total_steps - global_step);
     const bool last_step = global_step == state.total_steps;
-    const bool stopping = hooks.stop != nullptr && hooks.stop->load();
+    bool stopping = hooks.stop != nullptr && hooks.stop->load();
+    if (comm) stopping = comm->all_reduce_sum(std::vector<double>{stopping ? 1.0 : 0.0})[0] > 0;  // all stop together
     if (global_step % config.logging_steps == 0 || last_step || stopping) {
-      append_log({{"loss", window_loss / window_steps},
+      Json record = {{"loss", window_loss / window_steps},
                   {"grad_norm", r.grad_norm},
                   {"learning_rate", r.learning_rate},
                   {"token_acc", window_acc / window_steps},
@@ -719,8 +985,16 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
                   {"memory_mib", peak_rss_mib()},
                   {"peak_memory_bytes", window_peak_bytes},
                   {"elapsed_time", format_duration(elapsed())},
-                  {"remaining_time", format_duration(remaining)}});
-      window_loss = window_acc = window_tokens = window_seconds = 0;
+                  {"remaining_time", format_duration(remaining)}};
+      if (world > 1 || scheduled) {
+        // Over the logged window: each rank's forward+backward seconds (its busy time before the gradient
+        // reduction) and, with a scheduler, what the cost model predicted for the same plans.
+        record["rank_compute_s"] = window_rank_compute;
+        if (scheduled) record["modelled_step_s"] = window_modelled;
+      }
+      append_log(record);
+      window_loss = window_acc = window_tokens = window_seconds = window_modelled = 0;
+      std::fill(window_rank_compute.begin(), window_rank_compute.end(), 0.0);
       window_steps = window_peak_bytes = 0;
     }
     ProgressStats stats;
@@ -758,8 +1032,8 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     }
   }
   std::error_code ec;
-  fs::create_directories(run_dir / "images", ec);
-  write_loss_curve_svg(run_dir / "images" / "train_loss.svg", train_curve, eval_curve,
+  if (writer) fs::create_directories(run_dir / "images", ec);
+  if (writer) write_loss_curve_svg(run_dir / "images" / "train_loss.svg", train_curve, eval_curve,
                        fmt::format("{} {} on {}", config.train_type, trainer.model()->config().model_type,
                                    fs::path(config.model).filename().string()));
   out << fmt::format("done: {} steps in {}, last checkpoint {}\n", state.global_step, format_duration(elapsed()),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "data/collate.h"
+#include "dist/comm.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "train/chunkflow.h"
@@ -28,6 +30,8 @@ struct StepResult {
   int64_t label_tokens = 0;
   int64_t real_tokens = 0;
   int64_t forwards = 0;  // model forwards this step ran (ChunkFlow's recomputations included)
+  double compute_s = 0;  // this rank's forward and backward time, before the gradient reduction
+  std::vector<double> rank_compute_s;  // [world] every rank's compute_s (several processes only)
 };
 
 /// The model being tuned, its trainable tensors and optimizer: one optimizer step over micro-batches.
@@ -35,8 +39,13 @@ class Trainer {
  public:
   /// Prepares `model` for `config`: LoRA/DoRA adapters (fresh from config.seed, or loaded from
   /// config.adapters / `adapter_dir` when given) with frozen base weights, or every weight trainable for full
-  /// fine-tuning; AdamW over the trainable tensors. Throws ConfigError / ModelError.
-  Trainer(const TrainConfig& config, CausalLM model, const std::string& adapter_dir = "");
+  /// fine-tuning; AdamW over the trainable tensors. With `comm` (several processes, data parallel) each step's
+  /// loss is normalised by the label tokens of every rank's micro-batches, gradients are summed across ranks in
+  /// buckets, and with config.zero_stage 1 each rank keeps and updates the optimizer state of its share of the
+  /// tensors only (ZeRO-1), then the updated tensors are broadcast from their owners. Every rank must call
+  /// step() for every step, with or without micro-batches. Throws ConfigError / ModelError.
+  Trainer(const TrainConfig& config, CausalLM model, const std::string& adapter_dir = "",
+          std::shared_ptr<dist::Communicator> comm = nullptr);
 
   /// One optimizer step: forward and backward of every micro-batch (on the model's device; bf16 autocast when
   /// configured), the loss normalised by the label tokens of all of them together, clipping, AdamW with the
@@ -50,9 +59,22 @@ class Trainer {
   /// Sum of token cross-entropies and label-token count over `batches`, without gradients, in eval mode.
   std::pair<double, int64_t> evaluate(const std::vector<Batch>& batches);
 
+  /// Seconds of one forward + backward of `batch` (loss summed, no optimizer update); the gradients it leaves are
+  /// cleared. For measuring the device (train/schedule.h).
+  double time_forward_backward(const Batch& batch);
+
   CausalLM& model() { return model_; }
-  AdamW& optimizer() { return *optimizer_; }
-  const std::vector<TrainableTensor>& trainables() const { return optimizer_->params(); }
+  /// Every trainable tensor (with ZeRO-1 also those another rank updates).
+  const std::vector<TrainableTensor>& trainables() const { return params_; }
+  /// The optimizer state of every trainable tensor as AdamW::state() names it, and the step count. With ZeRO-1
+  /// this is a collective: every rank must call it; each gets the whole state.
+  std::pair<std::vector<std::pair<std::string, at::Tensor>>, int64_t> optimizer_state();
+  /// Restores what optimizer_state() returned (from any world size); with ZeRO-1 each rank keeps its share.
+  /// Throws FormatError naming `origin` as AdamW::load_state does.
+  void load_optimizer_state(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t steps,
+                            const std::string& origin);
+  /// The process group (null in a single-process run).
+  const std::shared_ptr<dist::Communicator>& comm() const { return comm_; }
   const TrainConfig& config() const { return config_; }
   /// The adapter configuration in use (LoRA only).
   const LoraConfig& lora_config() const { return lora_; }
@@ -70,10 +92,20 @@ class Trainer {
   void finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
                    int64_t total_steps);
 
+  /// Data parallel: the global label-token count, gradients summed across ranks.
+  int64_t global_count(int64_t local) const;
+  void reduce_gradients();
+  /// ZeRO-1: every rank's updated tensors broadcast from their owners.
+  void broadcast_updated();
+
   TrainConfig config_;
   CausalLM model_;
   LoraConfig lora_;
+  std::vector<TrainableTensor> params_;
   std::unique_ptr<AdamW> optimizer_;
+  std::shared_ptr<dist::Communicator> comm_;
+  std::chrono::steady_clock::time_point step_start_;  // when the current step's first forward began
+  std::vector<int> owner_;  // ZeRO-1: the rank updating each of params_ (empty otherwise)
 };
 
 /// The adapter configuration a recipe asks for: config.adapters' adapter_config.json when set, else the lora_*

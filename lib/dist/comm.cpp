@@ -1,0 +1,187 @@
+#include "dist/comm.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <map>
+
+#include "core/error.h"
+
+namespace swiftcpp::dist {
+
+namespace {
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi) {
+    fail<ConfigError>("environment variable {}={} is not an integer in [{}, {}]", name, v, lo, hi);
+  }
+  return static_cast<int>(x);
+}
+
+// Runs a collective, turning c10d's failures (a peer gone, a timeout) into DistributedError with the rank.
+template <typename F>
+void guarded(int rank, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    if (const auto* c = dynamic_cast<const c10::Error*>(&e)) message = c->what_without_backtrace();
+    fail<DistributedError>("rank {}: {} failed (another process died, hung past the timeout or is unreachable): {}",
+                           rank, what, message);
+  }
+}
+
+}  // namespace
+
+DistEnv read_env() {
+  DistEnv env;
+  env.world_size = env_int("WORLD_SIZE", 1, 1, 1 << 20);
+  env.rank = env_int("RANK", 0, 0, env.world_size - 1);
+  env.local_rank = env_int("LOCAL_RANK", env.rank, 0, 1 << 20);
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') env.master_addr = a;
+  env.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
+  if (env.world_size > 1 && std::getenv("RANK") == nullptr) {
+    fail<ConfigError>("WORLD_SIZE is {} but RANK is not set: start workers with torchrun, srun or swiftcpp train "
+                      "--nproc-per-node", env.world_size);
+  }
+  return env;
+}
+
+struct Communicator::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::chrono::milliseconds timeout;
+};
+
+Communicator::Communicator(const DistEnv& env, const at::Device& device, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<Impl>()), rank_(env.rank), size_(env.world_size) {
+  impl_->timeout = timeout;
+  guarded(rank_, fmt::format("rendezvous at {}:{}", env.master_addr, env.master_port).c_str(), [&] {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(env.master_port);
+    options.isServer = env.rank == 0;
+    options.numWorkers = env.world_size;
+    options.waitWorkers = true;
+    options.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    if (device.is_cuda()) {
+#if defined(USE_C10D_NCCL)
+      auto nccl = c10d::ProcessGroupNCCL::Options::create();
+      nccl->timeout = timeout;
+      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", impl_->store), env.rank, env.world_size, nccl);
+#else
+      fail<ConfigError>("device {} needs NCCL, and this LibTorch was built without it", device.str());
+#endif
+    } else {
+      auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
+          env.master_addr == "localhost" ? std::string("127.0.0.1") : env.master_addr));
+      impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", impl_->store), env.rank, env.world_size, gloo);
+    }
+  });
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  guarded(rank_, "all_reduce", [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      works.push_back(impl_->group->allreduce(one));
+    }
+    for (auto& w : works) w->wait(impl_->timeout);
+  });
+}
+
+std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& values) {
+  std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
+  all_reduce_sum(t);
+  return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + values.size());
+}
+
+void Communicator::broadcast(at::Tensor& tensor, int root) {
+  guarded(rank_, "broadcast", [&] {
+    std::vector<at::Tensor> one{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    impl_->group->broadcast(one, options)->wait(impl_->timeout);
+  });
+}
+
+std::vector<at::Tensor> Communicator::all_gather(const at::Tensor& tensor) {
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < size_; ++r) out[0].push_back(at::empty_like(tensor));
+  guarded(rank_, "all_gather", [&] {
+    std::vector<at::Tensor> in{tensor.contiguous()};
+    impl_->group->allgather(out, in)->wait(impl_->timeout);
+  });
+  return out[0];
+}
+
+void Communicator::barrier() {
+  guarded(rank_, "barrier", [&] { impl_->group->barrier()->wait(impl_->timeout); });
+}
+
+std::string Communicator::broadcast_string(const std::string& value, int root, const std::string& key) {
+  std::string out;
+  guarded(rank_, "store exchange", [&] {
+    if (rank_ == root) impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    const std::vector<uint8_t> v = impl_->store->get(key);  // waits up to the store's timeout
+    out.assign(v.begin(), v.end());
+  });
+  return out;
+}
+
+void all_reduce_gradients(Communicator& comm, const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
+  // Buckets per dtype and device, in the tensors' order (the same on every rank).
+  std::map<std::pair<int, std::string>, std::vector<std::vector<at::Tensor>>> buckets;
+  std::map<std::pair<int, std::string>, int64_t> filled;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor& g = t.grad();
+    if (!g.defined()) continue;
+    const auto key = std::make_pair(static_cast<int>(g.scalar_type()), g.device().str());
+    auto& list = buckets[key];
+    const int64_t bytes = g.numel() * static_cast<int64_t>(g.element_size());
+    if (list.empty() || filled[key] + bytes > bucket_bytes) {
+      list.emplace_back();
+      filled[key] = 0;
+    }
+    list.back().push_back(g);
+    filled[key] += bytes;
+  }
+  std::vector<at::Tensor> flat;
+  std::vector<const std::vector<at::Tensor>*> owners;
+  for (auto& [key, list] : buckets) {
+    for (auto& bucket : list) {
+      std::vector<at::Tensor> views;
+      for (const at::Tensor& g : bucket) views.push_back(g.reshape({-1}));
+      flat.push_back(at::cat(views));
+      owners.push_back(&bucket);
+    }
+  }
+  comm.all_reduce_sum(flat);
+  for (size_t b = 0; b < flat.size(); ++b) {
+    int64_t offset = 0;
+    for (const at::Tensor& g : *owners[b]) {
+      const int64_t n = g.numel();
+      g.copy_(flat[b].narrow(0, offset, n).view(g.sizes()));
+      offset += n;
+    }
+  }
+}
+
+}  // namespace swiftcpp::dist

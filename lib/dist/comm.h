@@ -1,0 +1,67 @@
+// Multi-process training on LibTorch's c10d: the torchrun environment, a TCPStore rendezvous and the collective
+// backend (Gloo for CPU tensors; NCCL for CUDA tensors when LibTorch was built with it).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace swiftcpp::dist {
+
+/// The torchrun environment of one worker.
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (torchrun, srun wrappers and `swiftcpp train
+/// --nproc-per-node` set them). Without WORLD_SIZE: one process (rank 0 of 1). Throws ConfigError naming the
+/// variable when one is malformed or RANK is outside [0, WORLD_SIZE).
+DistEnv read_env();
+
+/// One worker's membership in the job: rendezvous and collectives, each bounded by `timeout`, so a rank that
+/// dies or hangs makes the others fail with DistributedError instead of waiting forever.
+class Communicator {
+ public:
+  /// Rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects and the backend group forms.
+  /// `device` picks the backend: CPU tensors go through Gloo, CUDA tensors through NCCL. Throws DistributedError
+  /// (rendezvous timed out, address unusable) or ConfigError (NCCL asked for without CUDA support).
+  Communicator(const DistEnv& env, const at::Device& device, std::chrono::milliseconds timeout);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// Sums each tensor across ranks, in place; all collectives are started before the first is waited for.
+  void all_reduce_sum(std::vector<at::Tensor>& tensors);
+  /// Sums a few scalars across ranks (one collective): returns the sums in order.
+  std::vector<double> all_reduce_sum(const std::vector<double>& values);
+  /// Replaces `tensor` on every rank by rank `root`'s, in place.
+  void broadcast(at::Tensor& tensor, int root);
+  /// The tensors of every rank, in rank order (all the same shape and dtype).
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  /// Waits until every rank arrives.
+  void barrier();
+  /// Rank `root`'s string on every rank (through the store).
+  std::string broadcast_string(const std::string& value, int root, const std::string& key);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+};
+
+/// Flattens the gradients of `tensors` (those that have one) into buckets of at most `bucket_bytes` per dtype,
+/// sums each bucket across ranks and writes the sums back: the data-parallel gradient reduction.
+void all_reduce_gradients(Communicator& comm, const std::vector<at::Tensor>& tensors, int64_t bucket_bytes = 25 << 20);
+
+}  // namespace swiftcpp::dist

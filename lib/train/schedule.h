@@ -1,0 +1,49 @@
+// Skrull scheduling in training: which samples of one global batch each data-parallel rank trains, in which
+// micro-batch (lib/dist/skrull.h decides; this file feeds it the model's shape and a device profile measured on
+// the machine at hand, and turns its plan into packed micro-batches).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "dist/skrull.h"
+#include "models/decoder/config.h"
+
+namespace swiftcpp {
+
+class Trainer;
+
+/// The cost model's view of a decoder: h, h_kv = num_key_value_heads * head_dim, layers, and the vocabulary (the
+/// LM head's FLOPs are counted: on small models they are a large share).
+skrull::ModelShape model_shape(const DecoderConfig& config);
+
+/// Measures the device profile of the machine at hand for `trainer`'s model:
+/// - efficiency curve: forward + backward of one packed row of t random tokens, t = 16, 32, ... up to
+///   `max_tokens` (and max_tokens itself), median of `repeats` timed passes after one warm-up, FLOP/s =
+///   skrull::training_flops(shape, t, t) / seconds;
+/// - with `comm` (several processes): the collective latency (median all-gather of one float) and the per-rank
+///   bandwidth (all-gather of 1 MiB per rank: bytes * (N - 1) / (seconds - latency)); one process: latency 0 and
+///   bandwidth 1e12 (nothing travels).
+/// A collective when `comm` is set: every rank calls it; the curve is rank 0's, sent to the others, so that every
+/// rank plans with the same numbers. Gradients are cleared afterwards; weights are not changed.
+skrull::DeviceProfile measure_device_profile(Trainer& trainer, dist::Communicator* comm, int64_t max_tokens,
+                                             int repeats = 3);
+
+/// The scheduling of one run: `scheduler` (a skrull::Scheduler name), one CP rank per DP rank, `budget` tokens
+/// per micro-batch, the cost model.
+struct GlobalBatchScheduler {
+  skrull::ScheduleOptions options;
+  skrull::CostModel cost;
+
+  /// The plan of one global batch whose sample i has lengths[i] tokens.
+  skrull::Plan plan(const std::vector<int64_t>& lengths) const;
+
+  /// Rank `rank`'s micro-batches of `plan`: for each, the positions (into the lengths the plan was made from) of
+  /// the samples it holds, in the plan's order. Throws Error when the plan chunked or truncated a sample (the
+  /// trainer's budget is at least max_length, so this means a caller's bug).
+  static std::vector<std::vector<size_t>> micro_batches_of(const skrull::Plan& plan, int rank);
+};
+
+}  // namespace swiftcpp
