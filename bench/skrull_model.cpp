@@ -80,7 +80,9 @@ std::vector<std::vector<int64_t>> make_batches(Distribution d, int64_t batch_siz
 }
 
 void usage() {
-  std::fprintf(stderr, "usage: skrull_model [--profile FILE.json] [--batch-size N] [--batches N] [--seed N]\n");
+  std::fprintf(stderr, "usage: skrull_model [--profile FILE.json] [--batch-size N] [--batches N] [--seed N]\n"
+                       "       skrull_model --sample DISTRIBUTION [--scale S] [--batch-size N] [--batches N] [--seed N]\n"
+                       "         (prints N x batches lengths, one per line: the workload of bench/run_skrull.sh)\n");
 }
 
 }  // namespace
@@ -90,11 +92,16 @@ int main(int argc, char** argv) {
   int64_t batch_size = 128;
   int64_t batches = 20;
   uint64_t seed = 1;
+  std::string sample;  // --sample: print lengths of this distribution instead of the tables
+  int64_t scale = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--profile" || a == "--batch-size" || a == "--batches" || a == "--seed") && i + 1 < argc) {
+    if ((a == "--profile" || a == "--batch-size" || a == "--batches" || a == "--seed" || a == "--sample" ||
+         a == "--scale") && i + 1 < argc) {
       const std::string v = argv[++i];
       if (a == "--profile") profile_path = v;
+      else if (a == "--sample") sample = v;
+      else if (a == "--scale") scale = std::atoll(v.c_str());
       else if (a == "--batch-size") batch_size = std::atoll(v.c_str());
       else if (a == "--batches") batches = std::atoll(v.c_str());
       else seed = std::strtoull(v.c_str(), nullptr, 10);
@@ -108,6 +115,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (!sample.empty()) {
+      const Distribution d = parse_distribution(sample);
+      for (int64_t b = 0; b < batches; ++b) {
+        for (int64_t len : sample_lengths(d, batch_size, seed + static_cast<uint64_t>(b), scale)) {
+          std::printf("%lld\n", static_cast<long long>(len));
+        }
+      }
+      return 0;
+    }
     const DeviceProfile device = profile_path.empty() ? paper_profile() : DeviceProfile::load(profile_path);
     const std::vector<Setting> settings = {
         {"Qwen2.5-0.5B-like, DP 4 x CP 8, C = 26K", ModelShape{896, 2 * 64, 24, 0}, 4, 8, 26 * 1024},

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -62,7 +63,32 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::chrono::milliseconds timeout;
+  at::Device device = at::kCPU;
+  std::string host;  // the address Gloo binds to
 };
+
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                  const at::Device& device, const std::string& host,
+                                                  std::chrono::milliseconds timeout) {
+  if (device.is_cuda()) {
+#if defined(USE_C10D_NCCL)
+    auto nccl = c10d::ProcessGroupNCCL::Options::create();
+    nccl->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                       size, nccl);
+#else
+    fail<ConfigError>("device {} needs NCCL, and this LibTorch was built without it", device.str());
+#endif
+  }
+  auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank,
+                                                     size, gloo);
+}
+
+}  // namespace
 
 Communicator::Communicator(const DistEnv& env, const at::Device& device, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()), rank_(env.rank), size_(env.world_size) {
@@ -75,23 +101,28 @@ Communicator::Communicator(const DistEnv& env, const at::Device& device, std::ch
     options.waitWorkers = true;
     options.timeout = timeout;
     impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-    if (device.is_cuda()) {
-#if defined(USE_C10D_NCCL)
-      auto nccl = c10d::ProcessGroupNCCL::Options::create();
-      nccl->timeout = timeout;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          c10::make_intrusive<c10d::PrefixStore>("nccl", impl_->store), env.rank, env.world_size, nccl);
-#else
-      fail<ConfigError>("device {} needs NCCL, and this LibTorch was built without it", device.str());
-#endif
-    } else {
-      auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-      gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
-          env.master_addr == "localhost" ? std::string("127.0.0.1") : env.master_addr));
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("gloo", impl_->store), env.rank, env.world_size, gloo);
-    }
+    impl_->device = device;
+    impl_->host = env.master_addr == "localhost" ? std::string("127.0.0.1") : env.master_addr;
+    impl_->group = make_group(impl_->store, env.rank, env.world_size, device, impl_->host, timeout);
   });
+}
+
+std::shared_ptr<Communicator> Communicator::subgroup(const std::vector<int>& ranks, const std::string& name) {
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) fail("subgroup '{}': rank {} is not one of its members", name, rank_);
+  std::shared_ptr<Communicator> sub(new Communicator());
+  sub->impl_ = std::make_unique<Impl>();
+  sub->rank_ = static_cast<int>(it - ranks.begin());
+  sub->size_ = static_cast<int>(ranks.size());
+  sub->impl_->timeout = impl_->timeout;
+  sub->impl_->device = impl_->device;
+  sub->impl_->host = impl_->host;
+  sub->impl_->store = c10::make_intrusive<c10d::PrefixStore>(name, impl_->store);
+  guarded(rank_, fmt::format("forming group '{}'", name).c_str(), [&] {
+    sub->impl_->group = make_group(sub->impl_->store, sub->rank_, sub->size_, impl_->device, impl_->host,
+                                   impl_->timeout);
+  });
+  return sub;
 }
 
 Communicator::~Communicator() = default;

@@ -54,8 +54,15 @@ class Communicator {
   /// Rank `root`'s string on every rank (through the store).
   std::string broadcast_string(const std::string& value, int root, const std::string& key);
 
+  /// A group of some of this job's ranks (`ranks`: their ranks here, ascending, this rank among them) with its own
+  /// collectives, rendezvousing through this group's store under `name` (the same name on every member). Only the
+  /// members call it. Its rank() is this rank's index in `ranks`. Throws DistributedError as the constructor does,
+  /// Error when `ranks` does not hold this rank.
+  std::shared_ptr<Communicator> subgroup(const std::vector<int>& ranks, const std::string& name);
+
  private:
   struct Impl;
+  Communicator() = default;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
 };

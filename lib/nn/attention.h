@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
 #include <vector>
 
 namespace swiftcpp::nn {
@@ -41,12 +42,25 @@ at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::Tensor
 void set_recompute_attention(bool on);
 bool recompute_attention();
 
+/// Context parallelism: one rank's shard of a sequence sharded over a group of ranks, at positions
+/// [past_length, past_length + T) of it. In every layer the shard's K/V are exchanged with the group's.
+class KVExchange {
+ public:
+  virtual ~KVExchange() = default;
+  /// k, v: [B, Hkv, T, Dh] of this shard -> the K/V of positions [0, past_length + T) from every shard of the
+  /// group, differentiable: in backward the gradients of the other shards' K/V travel back to their ranks. A
+  /// collective: every rank of the group calls it for the same layers in the same order.
+  virtual std::pair<at::Tensor, at::Tensor> exchange(const at::Tensor& k, const at::Tensor& v, int64_t layer) = 0;
+};
+
 /// K/V of the earlier chunks of a split sequence and the K/V one chunk produces (ChunkFlow): a dependent chunk's
-/// queries attend to `past_*` blocks, then causally to their own keys.
+/// queries attend to `past_*` blocks, then causally to their own keys. With `exchange` (context parallelism) the
+/// earlier positions' K/V come from the other ranks of the group in each layer instead, and past_* stay empty.
 struct ChunkKV {
   std::vector<std::vector<at::Tensor>> past_keys, past_values;  // per layer: blocks [B, Hkv, S_i, Dh], in order
-  int64_t past_length = 0;                                      // sum of S_i
+  int64_t past_length = 0;                                      // sum of S_i (the shard's offset with `exchange`)
   std::vector<at::Tensor> keys, values;                         // per layer, set by the forward: [B, Hkv, T, Dh]
+  KVExchange* exchange = nullptr;
 };
 
 /// Per-layer key/value storage allocated once for `capacity` positions.

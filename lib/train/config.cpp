@@ -59,6 +59,9 @@ ConfigSchema<TrainConfig> make_schema() {
                "memory budget C; 0: max_length)", 0, kMaxInt)
       .string("skrull_profile", &C::skrull_profile, "scheduler: device profile JSON from an earlier run's "
               "device_profile.json (empty: measured at the start of this run and saved there)")
+      .integer("context_parallel_size", &C::context_parallel_size, "scheduler: processes of one context-parallel "
+               "group; a sample the scheduler marks distributed is sharded over its group (K/V all-gathered in each "
+               "layer), so samples up to context_parallel_size x skrull_budget tokens train", 1, 1 << 16)
       .boolean("strict", &C::strict, "fail on the first bad data row (false: skip and count them)")
       .integer("dataset_num_proc", &C::dataset_num_proc, "preprocessing threads (0: every core)", 0, 1024)
       .string("data_cache_dir", &C::data_cache_dir, "folder caching tokenised data (empty: no cache)")
@@ -135,11 +138,14 @@ void validate_train_config(const TrainConfig& c) {
                         "batching: chunkflow (use batching: padding or packing)", c.scheduler);
     }
     const int64_t budget = c.skrull_budget > 0 ? c.skrull_budget : c.max_length;
-    if (budget < c.max_length) {
-      fail<ConfigError>("skrull_budget {} is below max_length {}: a sample that long could not be placed on one "
-                        "process (context parallelism is not available); raise skrull_budget or lower max_length",
-                        budget, c.max_length);
+    if (budget * c.context_parallel_size < c.max_length) {
+      fail<ConfigError>("skrull_budget {} x context_parallel_size {} is below max_length {}: a sample that long fits "
+                        "no context-parallel group; raise skrull_budget or context_parallel_size, or lower max_length",
+                        budget, c.context_parallel_size, c.max_length);
     }
+  } else if (c.context_parallel_size > 1) {
+    fail<ConfigError>("context_parallel_size {} needs a scheduler (e.g. scheduler: skrull) to decide which samples "
+                      "are sharded", c.context_parallel_size);
   }
   if (c.bf16 && c.torch_dtype != "float32") {
     fail<ConfigError>("bf16 autocast keeps float32 master weights: use torch_dtype float32 with bf16 true (got {})",

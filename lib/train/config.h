@@ -50,6 +50,7 @@ struct TrainConfig {
   std::string scheduler = "none";    // none | skrull | skrull_paper | round_robin | sorted | flops_balanced
   int64_t skrull_budget = 0;         // scheduler: tokens per micro-batch on one rank (0: max_length)
   std::string skrull_profile;        // scheduler: device profile JSON (empty: measured at the start of the run)
+  int64_t context_parallel_size = 1; // scheduler: ranks of one context-parallel group (sharded long sequences)
   bool strict = true;
   int64_t dataset_num_proc = 0;
   std::string data_cache_dir;

@@ -108,25 +108,25 @@ skrull::Plan GlobalBatchScheduler::plan(const std::vector<int64_t>& lengths) con
   return skrull::schedule(lengths, options, cost);
 }
 
-std::vector<std::vector<size_t>> GlobalBatchScheduler::micro_batches_of(const skrull::Plan& plan, int rank) {
-  if (rank < 0 || static_cast<size_t>(rank) >= plan.ranks.size()) {
-    fail("schedule: rank {} outside the plan's {} data-parallel ranks", rank, plan.ranks.size());
+std::vector<GlobalBatchScheduler::Work> GlobalBatchScheduler::micro_batches_of(const skrull::Plan& plan, int dp_rank,
+                                                                               int cp_rank) {
+  if (dp_rank < 0 || static_cast<size_t>(dp_rank) >= plan.ranks.size() || cp_rank < 0 || cp_rank >= plan.cp) {
+    fail("schedule: rank ({}, {}) outside the plan's {} x {} ranks", dp_rank, cp_rank, plan.ranks.size(), plan.cp);
   }
-  std::vector<std::vector<size_t>> out;
-  for (const auto& mb : plan.ranks[static_cast<size_t>(rank)].micro_batches) {
-    out.emplace_back();
-    const auto take = [&](int64_t id) {
-      const skrull::Item& item = plan.items.at(static_cast<size_t>(id));
-      if (item.pieces != 1 || item.begin != 0) {
-        fail("schedule: sample {} was split into pieces by the plan; the trainer's budget must hold every sample",
-             item.sequence);
-      }
-      out.back().push_back(static_cast<size_t>(item.sequence));
-    };
-    for (const auto& local : mb.local) {
-      for (int64_t id : local) take(id);
+  if (plan.stats.chunked != 0 || plan.stats.truncated != 0) {
+    fail("schedule: the plan cut {} samples; the trainer's budget must hold every sample",
+         plan.stats.chunked + plan.stats.truncated);
+  }
+  std::vector<Work> out;
+  for (const auto& mb : plan.ranks[static_cast<size_t>(dp_rank)].micro_batches) {
+    Work w;
+    for (int64_t id : mb.local.at(static_cast<size_t>(cp_rank))) {
+      w.local.push_back(static_cast<size_t>(plan.items.at(static_cast<size_t>(id)).sequence));
     }
-    for (int64_t id : mb.distributed) take(id);
+    for (int64_t id : mb.distributed) {  // a group of one rank holds a "sharded" sample whole
+      (plan.cp == 1 ? w.local : w.sharded).push_back(static_cast<size_t>(plan.items.at(static_cast<size_t>(id)).sequence));
+    }
+    out.push_back(std::move(w));
   }
   return out;
 }

@@ -31,8 +31,8 @@ skrull::ModelShape model_shape(const DecoderConfig& config);
 skrull::DeviceProfile measure_device_profile(Trainer& trainer, dist::Communicator* comm, int64_t max_tokens,
                                              int repeats = 3);
 
-/// The scheduling of one run: `scheduler` (a skrull::Scheduler name), one CP rank per DP rank, `budget` tokens
-/// per micro-batch, the cost model.
+/// The scheduling of one run: options (scheduler, DP ranks, CP ranks per group, the tokens one rank holds per
+/// micro-batch) and the cost model.
 struct GlobalBatchScheduler {
   skrull::ScheduleOptions options;
   skrull::CostModel cost;
@@ -40,10 +40,17 @@ struct GlobalBatchScheduler {
   /// The plan of one global batch whose sample i has lengths[i] tokens.
   skrull::Plan plan(const std::vector<int64_t>& lengths) const;
 
-  /// Rank `rank`'s micro-batches of `plan`: for each, the positions (into the lengths the plan was made from) of
-  /// the samples it holds, in the plan's order. Throws Error when the plan chunked or truncated a sample (the
-  /// trainer's budget is at least max_length, so this means a caller's bug).
-  static std::vector<std::vector<size_t>> micro_batches_of(const skrull::Plan& plan, int rank);
+  /// One micro-batch of one rank: the samples it keeps whole (positions into the lengths the plan was made from)
+  /// and those sharded over its CP group, of which it trains its own shard (none when the group is one rank: the
+  /// plan's distributed samples are then whole).
+  struct Work {
+    std::vector<size_t> local;
+    std::vector<size_t> sharded;
+  };
+
+  /// The micro-batches of CP rank `cp_rank` of DP rank `dp_rank`, in the plan's order. Throws Error when the plan
+  /// chunked or truncated a sample (the trainer's budgets hold every sample, so this means a caller's bug).
+  static std::vector<Work> micro_batches_of(const skrull::Plan& plan, int dp_rank, int cp_rank);
 };
 
 }  // namespace swiftcpp

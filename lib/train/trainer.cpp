@@ -354,12 +354,17 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   return loss;
 }
 
-StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps) {
+StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps,
+                         const std::vector<ShardBatch>& shards) {
   model_->train();
   StepResult r;
   for (const auto& b : micro_batches) {
     r.label_tokens += b.label_tokens;
     r.real_tokens += b.real_tokens;
+  }
+  for (const auto& s : shards) {
+    r.label_tokens += s.batch.label_tokens;
+    r.real_tokens += s.batch.real_tokens;
   }
   r.label_tokens = global_count(r.label_tokens);  // every rank's: the loss is normalised over the global batch
   const double denominator = static_cast<double>(std::max<int64_t>(1, r.label_tokens));
@@ -373,6 +378,19 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
     {
       AutocastScope autocast(config_.bf16, model_->device());
       loss = forward_loss(batch, &correct);
+    }
+    (loss / denominator).backward();
+    ++r.forwards;
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+  }
+  for (const auto& s : shards) {  // every rank of the group runs every shard: the layers exchange K/V
+    nn::ChunkKV state;
+    state.past_length = s.shard->offset();
+    state.exchange = s.shard.get();
+    at::Tensor loss;
+    {
+      AutocastScope autocast(config_.bf16, model_->device());
+      loss = forward_loss(s.batch, &correct, &state);
     }
     (loss / denominator).backward();
     ++r.forwards;
@@ -646,6 +664,19 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   }
   const int rank = env.rank, world = env.world_size;
   const bool writer = rank == 0;
+  // Context parallelism: groups of context_parallel_size consecutive ranks share the sharded sequences; the
+  // global batch is dealt to the data_ranks = world / cp groups.
+  const int cp = static_cast<int>(config.context_parallel_size);
+  if (world % cp != 0) {
+    fail<ConfigError>("context_parallel_size {} does not divide the {} processes of this job", cp, world);
+  }
+  const int data_ranks = world / cp, dp_rank = rank / cp, cp_rank = rank % cp;
+  std::shared_ptr<dist::Communicator> cp_group;
+  if (cp > 1) {
+    std::vector<int> members;
+    for (int j = 0; j < cp; ++j) members.push_back(dp_rank * cp + j);
+    cp_group = comm->subgroup(members, fmt::format("cp{}", dp_rank));
+  }
   NullBuffer null_buffer;
   std::ostream null_stream(&null_buffer);
   std::ostream& out = hooks.out != nullptr && writer ? *hooks.out : null_stream;
@@ -726,14 +757,14 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   const int64_t micro_per_epoch = (static_cast<int64_t>(items.size()) + bs - 1) / bs;
   RunState state;
   // A global batch is bs x ga items on each of the world's ranks: rank r takes the r-th run of bs x ga of it.
-  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga * world - 1) / (ga * world));
+  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga * data_ranks - 1) / (ga * data_ranks));
   state.total_steps = config.max_steps > 0
                           ? config.max_steps
                           : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.num_train_epochs * state.steps_per_epoch)));
 
   // A resumed run must be the run the checkpoint came from: compare before touching anything.
   state.fingerprint = run_fingerprint(config, config.train_type == "lora" ? requested_lora(config) : LoraConfig{},
-                                      state.total_steps, world);
+                                      state.total_steps, data_ranks);
   if (!resume_dir.empty()) check_fingerprint(resume_state.value("fingerprint", Json::object()), state.fingerprint, resume_dir);
   Trainer trainer(config, model, resume_dir.empty() || config.train_type == "full" ? "" : resume_dir.string(), comm);
   fs::path run_dir;
@@ -851,6 +882,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   int64_t window_steps = 0, window_peak_bytes = 0;
   std::vector<double> window_rank_compute(static_cast<size_t>(world), 0.0);  // per rank: forward+backward seconds
   double window_modelled = 0;  // scheduler: the cost model's step time of the plans, summed
+  int64_t window_sharded = 0;  // scheduler: samples sharded over a context-parallel group
   double train_seconds = 0;
   int64_t steps_done = 0;
   fs::path last_saved;
@@ -860,8 +892,8 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   GlobalBatchScheduler scheduler;
   if (scheduled) {
     scheduler.options.scheduler = skrull::parse_scheduler(config.scheduler);
-    scheduler.options.dp = world;
-    scheduler.options.cp = 1;
+    scheduler.options.dp = data_ranks;
+    scheduler.options.cp = cp;
     scheduler.options.budget = config.skrull_budget > 0 ? config.skrull_budget : config.max_length;
     scheduler.cost.shape = model_shape(trainer.model()->config());
     const fs::path stored = run_dir / "device_profile.json";
@@ -879,8 +911,9 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     }
     scheduler.cost.validate();
     if (writer) write_file_atomic(stored, scheduler.cost.device.to_json().dump(2) + "\n");
-    out << fmt::format("scheduler {}: {} process{}, {} tokens per micro-batch, device profile {}\n", config.scheduler,
-                       world, world > 1 ? "es" : "", scheduler.options.budget,
+    out << fmt::format("scheduler {}: {} process{} ({} data-parallel x {} context-parallel), {} tokens per "
+                       "micro-batch, device profile {}\n", config.scheduler, world, world > 1 ? "es" : "", data_ranks, cp,
+                       scheduler.options.budget,
                        config.skrull_profile.empty() ? stored.string() : config.skrull_profile);
   }
 
@@ -910,24 +943,41 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
       cached_epoch = epoch;
     }
     std::vector<Batch> micro;
+    std::vector<ShardBatch> shards;
     ChunkedBatch chunked;
     // This rank's share of the global batch: items [first, last).
     const size_t first = std::min(items.size(), static_cast<size_t>((k * world + rank) * bs * ga));
     const size_t last = std::min(items.size(), first + static_cast<size_t>(bs * ga));
     double modelled_s = 0;
     if (scheduled) {  // the whole global batch's samples, placed by the scheduler; this rank's micro-batches packed
-      const size_t g0 = std::min(items.size(), static_cast<size_t>(k * world * bs * ga));
-      const size_t g1 = std::min(items.size(), g0 + static_cast<size_t>(world * bs * ga));
+      const size_t g0 = std::min(items.size(), static_cast<size_t>(k * data_ranks * bs * ga));
+      const size_t g1 = std::min(items.size(), g0 + static_cast<size_t>(data_ranks * bs * ga));
       std::vector<int64_t> lengths;
       for (size_t j = g0; j < g1; ++j) {
         lengths.push_back(static_cast<int64_t>(tokenized.train[items[order[j]][0]].input_ids.size()));
       }
       const skrull::Plan plan = scheduler.plan(lengths);
       modelled_s = skrull::model_step(plan, lengths, scheduler.cost).step_s;
-      for (const auto& mb : GlobalBatchScheduler::micro_batches_of(plan, rank)) {
+      window_sharded += plan.stats.distributed;
+      for (const auto& mb : GlobalBatchScheduler::micro_batches_of(plan, dp_rank, cp_rank)) {
         std::vector<const Sample*> row;
-        for (size_t pos : mb) row.push_back(&tokenized.train[items[order[g0 + pos]][0]]);
-        micro.push_back(collate_packed({row}, pad_id));
+        for (size_t pos : mb.local) row.push_back(&tokenized.train[items[order[g0 + pos]][0]]);
+        if (!row.empty()) micro.push_back(collate_packed({row}, pad_id));
+        for (size_t pos : mb.sharded) {  // this CP rank's shard of the sequence
+          const Sample& whole = tokenized.train[items[order[g0 + pos]][0]];
+          ShardBatch sb;
+          sb.shard = std::make_shared<dist::SequenceShard>(cp_group, static_cast<int64_t>(whole.input_ids.size()));
+          Sample part;
+          const auto from = static_cast<std::ptrdiff_t>(sb.shard->offset());
+          const auto to = from + static_cast<std::ptrdiff_t>(sb.shard->size());
+          part.input_ids.assign(whole.input_ids.begin() + from, whole.input_ids.begin() + to);
+          part.labels.assign(whole.labels.begin() + from, whole.labels.begin() + to);  // labels are already shifted
+          sb.batch = collate_packed({{&part}}, pad_id);
+          sb.batch.position_ids = sb.batch.position_ids + sb.shard->offset();
+          sb.batch.segment_ids = at::Tensor();
+          sb.batch.key_valid = at::Tensor();
+          shards.push_back(std::move(sb));
+        }
       }
     }
     if (chunkflow) {  // the whole global batch, re-cut into chunks
@@ -953,7 +1003,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     reset_peak_memory(device);
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = chunkflow ? trainer.step(chunked, step, state.total_steps)
-                                   : trainer.step(micro, step, state.total_steps);
+                                   : trainer.step(micro, step, state.total_steps, shards);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_peak_bytes = std::max(window_peak_bytes, peak_memory_bytes(device));
     const int64_t global_step = step + 1;
@@ -990,10 +1040,15 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
         // Over the logged window: each rank's forward+backward seconds (its busy time before the gradient
         // reduction) and, with a scheduler, what the cost model predicted for the same plans.
         record["rank_compute_s"] = window_rank_compute;
-        if (scheduled) record["modelled_step_s"] = window_modelled;
+        record["step_s"] = window_seconds;
+        if (scheduled) {
+          record["modelled_step_s"] = window_modelled;
+          record["sharded_samples"] = window_sharded;
+        }
       }
       append_log(record);
       window_loss = window_acc = window_tokens = window_seconds = window_modelled = 0;
+      window_sharded = 0;
       std::fill(window_rank_compute.begin(), window_rank_compute.end(), 0.0);
       window_steps = window_peak_bytes = 0;
     }

@@ -13,6 +13,7 @@
 
 #include "data/collate.h"
 #include "dist/comm.h"
+#include "dist/context_parallel.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "train/chunkflow.h"
@@ -34,6 +35,13 @@ struct StepResult {
   std::vector<double> rank_compute_s;  // [world] every rank's compute_s (several processes only)
 };
 
+/// This rank's shard of a sequence sharded over a context-parallel group: its tokens (position_ids from the
+/// shard's offset, no padding) and the exchange of its K/V with the group's other shards.
+struct ShardBatch {
+  Batch batch;
+  std::shared_ptr<dist::SequenceShard> shard;
+};
+
 /// The model being tuned, its trainable tensors and optimizer: one optimizer step over micro-batches.
 class Trainer {
  public:
@@ -48,9 +56,11 @@ class Trainer {
           std::shared_ptr<dist::Communicator> comm = nullptr);
 
   /// One optimizer step: forward and backward of every micro-batch (on the model's device; bf16 autocast when
-  /// configured), the loss normalised by the label tokens of all of them together, clipping, AdamW with the
-  /// scheduled rate of step `global_step` out of `total_steps`.
-  StepResult step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps);
+  /// configured), then of every shard of a context-parallel sequence in order (each a collective of its CP group,
+  /// run even when the shard has no label token), the loss normalised by the label tokens of all of them together
+  /// (every rank's), clipping, AdamW with the scheduled rate of step `global_step` out of `total_steps`.
+  StepResult step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps,
+                  const std::vector<ShardBatch>& shards = {});
 
   /// One optimizer step over a global batch in ChunkFlow chunks (config.chunk_keep graphs alive per split
   /// sample), normalised by the global batch's label tokens; otherwise as step().

@@ -54,7 +54,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     v = cv.narrow(2, 0, past + T);
   }
   at::Tensor out;  // [B, H, T, Dh]
-  if (chunk != nullptr) {
+  if (chunk != nullptr && chunk->exchange != nullptr) {
+    // Context parallelism: the K/V of positions [0, offset + T) gathered from the group's shards.
+    chunk->keys[layer] = k;
+    chunk->values[layer] = v;
+    const auto [keys, values] = chunk->exchange->exchange(k, v, layer);  // [B, Hkv, offset + T, Dh]
+    out = nn::attention(q, keys, values, mask);
+  } else if (chunk != nullptr) {
     // ChunkFlow: the stored K/V of earlier chunks come first, this chunk's own last; they are never concatenated.
     chunk->keys[layer] = k;
     chunk->values[layer] = v;

@@ -131,6 +131,24 @@ TEST(DistCli, TwoGlooProcessesTrainLikeOneProcessWithAccumulation) {
     }
     EXPECT_EQ(records, 4);
   }
+  // Context parallelism: one group of 2 processes (no data parallelism), 48 tokens per process and micro-batch,
+  // so every sample longer than 48 tokens is sharded over both (K/V all-gathered per layer, their gradients summed
+  // back). The same global batch of 4 samples per step: the same losses, gradient norms and weights.
+  const auto cpr = run_cli(launched(dist_args(base / "cp", 1, "scheduler=skrull context_parallel_size=2 skrull_budget=48"), 2));
+  ASSERT_EQ(cpr.code, 0) << cpr.out;
+  EXPECT_NE(cpr.out.find("(1 data-parallel x 2 context-parallel)"), std::string::npos) << cpr.out;
+  expect_same_run(base / "padding1", base / "cp", "context parallelism");
+  {
+    std::ifstream a(run_dir_of(base / "padding1") / "logging.jsonl"), b(run_dir_of(base / "cp") / "logging.jsonl");
+    int64_t sharded = 0;
+    for (std::string la, lb; std::getline(a, la) && std::getline(b, lb);) {
+      const Json ja = Json::parse(la), jb = Json::parse(lb);
+      if (!ja.contains("grad_norm")) continue;
+      EXPECT_NEAR(ja["grad_norm"].get<double>(), jb["grad_norm"].get<double>(), 1e-5 * ja["grad_norm"].get<double>());
+      sharded += jb.at("sharded_samples").get<int64_t>();
+    }
+    EXPECT_GT(sharded, 0) << "no sample was sharded: the test does not exercise context parallelism";
+  }
   const auto oa = SafetensorsFile::open(run_dir_of(base / "padding1") / "checkpoint-4/optimizer.safetensors");
   const auto ob = SafetensorsFile::open(run_dir_of(base / "zero") / "checkpoint-4/optimizer.safetensors");
   ASSERT_EQ(oa->tensors().size(), ob->tensors().size());
