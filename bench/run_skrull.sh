@@ -12,7 +12,7 @@
 #     repeat), so lengths are met to within the template's few tokens. 2 processes: DP 2, 2048 tokens per process
 #     and micro-batch; 4 processes: DP 2 x CP 2, 1024 tokens per process (samples over 1024 tokens are sharded or
 #     not as each scheduler decides). Every scheduler trains the same batches; the device profile is measured once
-#     per process count (the first run) and given to the others. Steps 2.. are reported (step 1 warms up).
+#     per process count (by the first run) and given to all the others. Steps 2.. are reported (step 1 warms up).
 # Everything lands in bench/results/skrull-<UTC stamp>/; report.md there is what docs/benchmarks.md quotes.
 #
 # Environment knobs (defaults in brackets): BUILD_DIR [build]  BATCH [32]  STEPS [4]  SCALE [32]
@@ -71,8 +71,8 @@ for world in $WORLDS; do
     if [[ $world == 2 ]]; then cp=1; budget=2048; else cp=2; budget=1024; fi
     dp=$((world / cp))
     ga=$((BATCH / dp))
+    profile=""
     for dist in $DISTS; do
-        profile=""
         for sched in $SCHEDULERS; do
             run=$OUT/w$world-$dist-$sched
             extra=()

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 
 #include "core/error.h"
 
@@ -138,6 +137,33 @@ void Communicator::all_reduce_sum(std::vector<at::Tensor>& tensors) {
   });
 }
 
+namespace {
+
+class PendingWork : public Communicator::Pending {
+ public:
+  PendingWork(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout, int rank)
+      : work_(std::move(work)), timeout_(timeout), rank_(rank) {}
+  void wait() override {
+    guarded(rank_, "all_reduce", [&] { work_->wait(timeout_); });
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator::Pending> Communicator::all_reduce_sum_async(at::Tensor& tensor) {
+  c10::intrusive_ptr<c10d::Work> work;
+  guarded(rank_, "all_reduce", [&] {
+    std::vector<at::Tensor> one{tensor};
+    work = impl_->group->allreduce(one);
+  });
+  return std::make_unique<PendingWork>(std::move(work), impl_->timeout, rank_);
+}
+
 std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& values) {
   std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
   all_reduce_sum(t);
@@ -175,44 +201,6 @@ std::string Communicator::broadcast_string(const std::string& value, int root, c
     out.assign(v.begin(), v.end());
   });
   return out;
-}
-
-void all_reduce_gradients(Communicator& comm, const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
-  // Buckets per dtype and device, in the tensors' order (the same on every rank).
-  std::map<std::pair<int, std::string>, std::vector<std::vector<at::Tensor>>> buckets;
-  std::map<std::pair<int, std::string>, int64_t> filled;
-  for (const at::Tensor& t : tensors) {
-    const at::Tensor& g = t.grad();
-    if (!g.defined()) continue;
-    const auto key = std::make_pair(static_cast<int>(g.scalar_type()), g.device().str());
-    auto& list = buckets[key];
-    const int64_t bytes = g.numel() * static_cast<int64_t>(g.element_size());
-    if (list.empty() || filled[key] + bytes > bucket_bytes) {
-      list.emplace_back();
-      filled[key] = 0;
-    }
-    list.back().push_back(g);
-    filled[key] += bytes;
-  }
-  std::vector<at::Tensor> flat;
-  std::vector<const std::vector<at::Tensor>*> owners;
-  for (auto& [key, list] : buckets) {
-    for (auto& bucket : list) {
-      std::vector<at::Tensor> views;
-      for (const at::Tensor& g : bucket) views.push_back(g.reshape({-1}));
-      flat.push_back(at::cat(views));
-      owners.push_back(&bucket);
-    }
-  }
-  comm.all_reduce_sum(flat);
-  for (size_t b = 0; b < flat.size(); ++b) {
-    int64_t offset = 0;
-    for (const at::Tensor& g : *owners[b]) {
-      const int64_t n = g.numel();
-      g.copy_(flat[b].narrow(0, offset, n).view(g.sizes()));
-      offset += n;
-    }
-  }
 }
 
 }  // namespace swiftcpp::dist

@@ -43,6 +43,15 @@ class Communicator {
 
   /// Sums each tensor across ranks, in place; all collectives are started before the first is waited for.
   void all_reduce_sum(std::vector<at::Tensor>& tensors);
+  /// A started collective.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    /// Waits for it (up to the timeout). Throws DistributedError as the blocking collectives do.
+    virtual void wait() = 0;
+  };
+  /// Starts summing `tensor` (contiguous, kept alive by the caller until wait() returns) across ranks in place.
+  std::unique_ptr<Pending> all_reduce_sum_async(at::Tensor& tensor);
   /// Sums a few scalars across ranks (one collective): returns the sums in order.
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   /// Replaces `tensor` on every rank by rank `root`'s, in place.
@@ -67,8 +76,5 @@ class Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-/// Flattens the gradients of `tensors` (those that have one) into buckets of at most `bucket_bytes` per dtype,
-/// sums each bucket across ranks and writes the sums back: the data-parallel gradient reduction.
-void all_reduce_gradients(Communicator& comm, const std::vector<at::Tensor>& tensors, int64_t bucket_bytes = 25 << 20);
 
 }  // namespace swiftcpp::dist

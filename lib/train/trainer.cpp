@@ -217,6 +217,11 @@ Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& a
     params = std::move(mine);
   }
   optimizer_ = std::make_unique<AdamW>(std::move(params), adam);
+  if (comm_) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& p : params_) tensors.push_back(p.tensor);
+    reducer_ = std::make_unique<dist::GradientReducer>(comm_, std::move(tensors));
+  }
 }
 
 int64_t Trainer::global_count(int64_t local) const {
@@ -225,24 +230,7 @@ int64_t Trainer::global_count(int64_t local) const {
 }
 
 void Trainer::reduce_gradients() {
-  if (!comm_) return;
-  // A tensor some rank has no gradient for (no micro-batch there) joins with zeros, so that every rank reduces
-  // the same buckets; one that no rank has a gradient for stays without one, as in a single process.
-  at::NoGradGuard no_grad;
-  at::Tensor has = at::zeros({static_cast<int64_t>(params_.size())}, at::kDouble);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].tensor.grad().defined()) has[static_cast<int64_t>(i)] = 1.0;
-  }
-  std::vector<at::Tensor> flags{has};
-  comm_->all_reduce_sum(flags);
-  std::vector<at::Tensor> tensors;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (flags[0][static_cast<int64_t>(i)].item<double>() == 0) continue;
-    at::Tensor& t = params_[i].tensor;
-    if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
-    tensors.push_back(t);
-  }
-  dist::all_reduce_gradients(*comm_, tensors);
+  if (reducer_) reducer_->finish();
 }
 
 void Trainer::broadcast_updated() {
@@ -372,8 +360,15 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
   // Loss and accuracy stay on the device until the step ends: one host sync per step, not per micro-batch.
   step_start_ = std::chrono::steady_clock::now();
   at::Tensor loss_sum, correct;
+  // The last backward of this rank's step reduces gradients as they arrive (several processes).
+  size_t backwards = shards.size(), done = 0;
+  for (const auto& batch : micro_batches) backwards += batch.label_tokens > 0 ? 1 : 0;
+  const auto arm_if_last = [&] {
+    if (reducer_ && ++done == backwards) reducer_->arm();
+  };
   for (const auto& batch : micro_batches) {
     if (batch.label_tokens == 0) continue;
+    arm_if_last();
     at::Tensor loss;
     {
       AutocastScope autocast(config_.bf16, model_->device());
@@ -387,6 +382,7 @@ StepResult Trainer::step(const std::vector<Batch>& micro_batches, int64_t global
     nn::ChunkKV state;
     state.past_length = s.shard->offset();
     state.exchange = s.shard.get();
+    arm_if_last();
     at::Tensor loss;
     {
       AutocastScope autocast(config_.bf16, model_->device());
@@ -429,6 +425,7 @@ void Trainer::finish_step(StepResult& r, const at::Tensor& loss_sum, const at::T
   double hits = correct.defined() ? static_cast<double>(correct.item<int64_t>()) : 0.0;
   // The values above waited for the device: this rank's forward and backward work is done.
   r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  reduce_gradients();  // first: buckets may already be in flight, and collectives must start in one order
   if (comm_) {
     // One collective: the loss sums, the token counts and each rank's compute time in its own slot.
     std::vector<double> v(3 + static_cast<size_t>(comm_->size()), 0.0);
@@ -444,7 +441,6 @@ void Trainer::finish_step(StepResult& r, const at::Tensor& loss_sum, const at::T
   }
   r.loss = loss / denominator;
   r.token_acc = hits / denominator;
-  reduce_gradients();
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
   r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
                                  warmup_steps(total_steps), total_steps);

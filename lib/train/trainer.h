@@ -14,6 +14,7 @@
 #include "data/collate.h"
 #include "dist/comm.h"
 #include "dist/context_parallel.h"
+#include "dist/reducer.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "train/chunkflow.h"
@@ -102,7 +103,7 @@ class Trainer {
   void finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
                    int64_t total_steps);
 
-  /// Data parallel: the global label-token count, gradients summed across ranks.
+  /// Data parallel: the global label-token count; gradients summed across ranks (the reducer's finish()).
   int64_t global_count(int64_t local) const;
   void reduce_gradients();
   /// ZeRO-1: every rank's updated tensors broadcast from their owners.
@@ -114,6 +115,7 @@ class Trainer {
   std::vector<TrainableTensor> params_;
   std::unique_ptr<AdamW> optimizer_;
   std::shared_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::GradientReducer> reducer_;  // several processes: the overlapped gradient all-reduce
   std::chrono::steady_clock::time_point step_start_;  // when the current step's first forward began
   std::vector<int> owner_;  // ZeRO-1: the rank updating each of params_ (empty otherwise)
 };

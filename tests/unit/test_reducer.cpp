@@ -1,0 +1,77 @@
+// The overlapped gradient reduction (lib/dist/reducer.h) in a one-process Gloo group: buckets start during the
+// armed backward, the sums are the accumulated gradients, and a tensor without a gradient keeps none.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "dist/comm.h"
+#include "dist/context_parallel.h"
+#include "dist/reducer.h"
+
+namespace swiftcpp {
+namespace {
+
+std::shared_ptr<dist::Communicator> solo_group() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  dist::DistEnv env;
+  env.master_port = ntohs(addr.sin_port);
+  return std::make_shared<dist::Communicator>(env, at::Device(at::kCPU), std::chrono::milliseconds(20000));
+}
+
+TEST(GradientReducer, BucketsStartDuringTheArmedBackwardAndSumTheAccumulatedGradients) {
+  auto comm = solo_group();
+  // Three chained layers: backward produces c's gradient first, then b's, then a's; `unused` never gets one (it
+  // comes first, so it lands in the last bucket: a bucket waiting for it would hold back every later bucket).
+  at::manual_seed(3);
+  at::Tensor a = at::randn({512, 512}).requires_grad_(true);  // 1 MiB: a bucket of its own
+  at::Tensor b = at::randn({512, 512}).requires_grad_(true);
+  at::Tensor c = at::randn({512, 8}).requires_grad_(true);
+  at::Tensor unused = at::randn({4}).requires_grad_(true);
+  dist::GradientReducer reducer(comm, {unused, a, b, c}, /*bucket_bytes=*/1 << 20, /*first_bucket_bytes=*/1 << 20);
+  EXPECT_GE(reducer.buckets(), 3);
+  const at::Tensor x1 = at::randn({16, 512}), x2 = at::randn({16, 512});
+  const auto loss = [&](const at::Tensor& x) { return x.matmul(a).tanh().matmul(b).tanh().matmul(c).pow(2).sum(); };
+  // Reference: the plain accumulated gradients of two micro-batches.
+  loss(x1).backward();
+  loss(x2).backward();
+  const at::Tensor ga = a.grad().clone(), gb = b.grad().clone(), gc = c.grad().clone();
+  for (auto* t : {&a, &b, &c}) t->mutable_grad() = at::Tensor();
+  // The same with the second backward armed.
+  loss(x1).backward();
+  reducer.arm();
+  loss(x2).backward();
+  reducer.finish();
+  EXPECT_GE(reducer.overlapped_buckets(), 2) << "buckets should start while backward runs";
+  EXPECT_TRUE(at::equal(a.grad(), ga));
+  EXPECT_TRUE(at::equal(b.grad(), gb));
+  EXPECT_TRUE(at::equal(c.grad(), gc));
+  EXPECT_FALSE(unused.grad().defined());
+  // An unarmed step (ChunkFlow, or a rank without micro-batches) reduces everything in finish().
+  for (auto* t : {&a, &b, &c}) t->mutable_grad() = at::Tensor();
+  loss(x1).backward();
+  reducer.finish();
+  EXPECT_EQ(reducer.overlapped_buckets(), 0);
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(unused.grad().defined());
+}
+
+TEST(ContextParallel, ShardBoundsAreContiguousAndNonEmpty) {
+  EXPECT_EQ(dist::shard_bounds(10, 4), (std::vector<int64_t>{0, 2, 5, 7, 10}));
+  EXPECT_EQ(dist::shard_bounds(5, 5), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THROW(dist::shard_bounds(3, 4), Error);
+}
+
+}  // namespace
+}  // namespace swiftcpp
