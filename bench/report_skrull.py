@@ -64,8 +64,9 @@ def main(out):
             measured_rank = ranks([r[2] for r in rows])
             model_rank = ranks([r[5] for r in rows])
             for r, mr, pr in zip(rows, measured_rank, model_rank):
+                sharded = r[6] if world > 2 else "-"  # 2 processes run DP 2 x CP 1: nothing is sharded
                 print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.2f} | {r[5]:.4f} | {mr} | {pr} | "
-                      f"{r[6]} | {' / '.join(f'{x:.2f}' for x in r[7])} |")
+                      f"{sharded} | {' / '.join(f'{x:.2f}' for x in r[7])} |")
             print()
 
 

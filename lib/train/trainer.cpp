@@ -954,7 +954,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
       }
       const skrull::Plan plan = scheduler.plan(lengths);
       modelled_s = skrull::model_step(plan, lengths, scheduler.cost).step_s;
-      window_sharded += plan.stats.distributed;
+      if (cp > 1) window_sharded += plan.stats.distributed;  // a group of one holds "distributed" samples whole
       for (const auto& mb : GlobalBatchScheduler::micro_batches_of(plan, dp_rank, cp_rank)) {
         std::vector<const Sample*> row;
         for (size_t pos : mb.local) row.push_back(&tokenized.train[items[order[g0 + pos]][0]]);
