@@ -5,7 +5,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -21,6 +25,19 @@
 #include "core/json.h"
 
 namespace swiftcpp::test {
+
+/// A loopback TCP port free at the time of the call (for rendezvous in multi-process tests).
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 inline std::filesystem::path source_dir() { return SWIFTCPP_SOURCE_DIR; }
 inline std::filesystem::path shared_dir() { return SWIFTCPP_SHARED_DIR; }

@@ -5,11 +5,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -78,18 +73,6 @@ void expect_same_run(const fs::path& one, const fs::path& two, const std::string
   ASSERT_EQ(b.size(), 4u) << what;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << what << " step " << i + 1;
   EXPECT_LT(adapter_difference(run_dir_of(one) / "checkpoint-4", run_dir_of(two) / "checkpoint-4"), 1e-5) << what;
-}
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(DistCli, TwoGlooProcessesTrainLikeOneProcessWithAccumulation) {
@@ -161,7 +144,7 @@ TEST(DistCli, TwoGlooProcessesTrainLikeOneProcessWithAccumulation) {
 TEST(DistCli, TorchrunEnvironmentAndResumeUnderAnotherWorldSize) {
   const fs::path base = test::temp_dir("dist_env");
   // Workers started by hand with torchrun's variables, as torchrun --no-python or srun would.
-  const int port = free_port();
+  const int port = test::free_port();
   const std::string env = fmt::format("WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={}", port);
   const std::string cmd = fmt::format(
       "bash -c '{e} RANK=0 LOCAL_RANK=0 {b} {a} >{o}/r0.txt 2>&1 & p0=$!; {e} RANK=1 LOCAL_RANK=1 {b} {a} >{o}/r1.txt 2>&1; "

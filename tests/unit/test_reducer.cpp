@@ -3,30 +3,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/context_parallel.h"
 #include "dist/reducer.h"
+#include "tests/test_util.h"
 
 namespace swiftcpp {
 namespace {
 
 std::shared_ptr<dist::Communicator> solo_group() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
   dist::DistEnv env;
-  env.master_port = ntohs(addr.sin_port);
+  env.master_port = test::free_port();
   return std::make_shared<dist::Communicator>(env, at::Device(at::kCPU), std::chrono::milliseconds(20000));
 }
 
