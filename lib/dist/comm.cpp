@@ -126,15 +126,26 @@ std::shared_ptr<Communicator> Communicator::subgroup(const std::vector<int>& ran
 
 Communicator::~Communicator() = default;
 
+// The backend's tensors live on the group's device (NCCL takes only CUDA tensors): a tensor elsewhere (host-side
+// counters, RNG states) travels through a copy there.
+at::Tensor Communicator::on_device(const at::Tensor& t) const {
+  return t.device() == impl_->device ? t : t.to(impl_->device);
+}
+
 void Communicator::all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> moved;
+  for (const auto& t : tensors) moved.push_back(on_device(t));
   guarded(rank_, "all_reduce", [&] {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& t : tensors) {
+    for (auto& t : moved) {
       std::vector<at::Tensor> one{t};
       works.push_back(impl_->group->allreduce(one));
     }
     for (auto& w : works) w->wait(impl_->timeout);
   });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!moved[i].is_same(tensors[i])) tensors[i].copy_(moved[i]);
+  }
 }
 
 namespace {
@@ -156,6 +167,9 @@ class PendingWork : public Communicator::Pending {
 }  // namespace
 
 std::unique_ptr<Communicator::Pending> Communicator::all_reduce_sum_async(at::Tensor& tensor) {
+  if (tensor.device() != impl_->device) {
+    fail("all_reduce_sum_async: a tensor on {} in a group on {}", tensor.device().str(), impl_->device.str());
+  }
   c10::intrusive_ptr<c10d::Work> work;
   guarded(rank_, "all_reduce", [&] {
     std::vector<at::Tensor> one{tensor};
@@ -171,21 +185,27 @@ std::vector<double> Communicator::all_reduce_sum(const std::vector<double>& valu
 }
 
 void Communicator::broadcast(at::Tensor& tensor, int root) {
+  at::Tensor moved = on_device(tensor);
   guarded(rank_, "broadcast", [&] {
-    std::vector<at::Tensor> one{tensor};
+    std::vector<at::Tensor> one{moved};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     impl_->group->broadcast(one, options)->wait(impl_->timeout);
   });
+  if (!moved.is_same(tensor)) tensor.copy_(moved);
 }
 
 std::vector<at::Tensor> Communicator::all_gather(const at::Tensor& tensor) {
+  const at::Tensor moved = on_device(tensor).contiguous();
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < size_; ++r) out[0].push_back(at::empty_like(tensor));
+  for (int r = 0; r < size_; ++r) out[0].push_back(at::empty_like(moved));
   guarded(rank_, "all_gather", [&] {
-    std::vector<at::Tensor> in{tensor.contiguous()};
+    std::vector<at::Tensor> in{moved};
     impl_->group->allgather(out, in)->wait(impl_->timeout);
   });
+  if (moved.device() != tensor.device()) {
+    for (auto& t : out[0]) t = t.to(tensor.device());
+  }
   return out[0];
 }
 

@@ -41,6 +41,8 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  /// Collectives take tensors on any device: those not on the group's (the CUDA device for NCCL) travel through a
+  /// copy there and back.
   /// Sums each tensor across ranks, in place; all collectives are started before the first is waited for.
   void all_reduce_sum(std::vector<at::Tensor>& tensors);
   /// A started collective.
@@ -50,7 +52,8 @@ class Communicator {
     /// Waits for it (up to the timeout). Throws DistributedError as the blocking collectives do.
     virtual void wait() = 0;
   };
-  /// Starts summing `tensor` (contiguous, kept alive by the caller until wait() returns) across ranks in place.
+  /// Starts summing `tensor` (contiguous, on the group's device, kept alive by the caller until wait() returns)
+  /// across ranks in place.
   std::unique_ptr<Pending> all_reduce_sum_async(at::Tensor& tensor);
   /// Sums a few scalars across ranks (one collective): returns the sums in order.
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
@@ -72,6 +75,7 @@ class Communicator {
  private:
   struct Impl;
   Communicator() = default;
+  at::Tensor on_device(const at::Tensor& t) const;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
 };
