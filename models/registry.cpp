@@ -33,16 +33,23 @@ const ArchitectureSpec& find_architecture(const JsonObject& config) {
     }
     fail<ModelError>("{}: model_type '{}' is not supported; supported: {}", config.origin(), type, supported_list());
   }
-  if (config.has("architectures") && config.raw().at("architectures").is_array()) {
-    for (const auto& name : config.raw().at("architectures")) {
+  if (config.has("architectures")) {
+    const Json& names = config.raw().at("architectures");
+    if (!names.is_array()) {
+      fail<ConfigError>("{}: key 'architectures' must be a list of strings, got {}", config.origin(), describe_json(names));
+    }
+    for (const auto& name : names) {
+      if (!name.is_string()) {
+        fail<ConfigError>("{}: key 'architectures' must hold strings, got {}", config.origin(), describe_json(name));
+      }
       for (const auto& spec : architectures()) {
         for (const auto& arch : spec.architectures) {
-          if (name.is_string() && name.get<std::string>() == arch) return spec;
+          if (name.get<std::string>() == arch) return spec;
         }
       }
     }
     fail<ModelError>("{}: architectures {} not supported; supported: {}", config.origin(),
-                     config.raw().at("architectures").dump(), supported_list());
+                     describe_json(names), supported_list());
   }
   fail<ModelError>("{}: neither 'model_type' nor 'architectures' is set; supported: {}", config.origin(),
                    supported_list());

@@ -31,7 +31,8 @@ ArchitectureSpec qwen3_spec();
 const std::vector<ArchitectureSpec>& architectures();
 
 /// The spec for a parsed config.json, matched by `model_type` (or, when absent, by `architectures[0]`).
-/// Throws ModelError naming the file and the unknown type and listing the supported ones.
+/// Throws ModelError naming the file and the unknown type and listing the supported ones; ConfigError naming the
+/// file and key when `architectures` is not a list of strings.
 const ArchitectureSpec& find_architecture(const JsonObject& config);
 
 /// Reads and validates `<model_dir>/config.json` into a DecoderConfig.

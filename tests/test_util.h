@@ -51,6 +51,44 @@ inline c10::Device test_device() {
   return c10::Device(name != nullptr && *name != '\0' ? name : "cpu");
 }
 
+/// The thread count the suite runs at: SWIFTCPP_TEST_THREADS when set to a positive number, else 0 (LibTorch's
+/// default in-process, and each CLI test keeps the --threads it passes). tests/main.cpp applies it in-process.
+inline int test_threads() {
+  const char* value = std::getenv("SWIFTCPP_TEST_THREADS");
+  if (value == nullptr || *value == '\0') return 0;
+  const int n = std::atoi(value);
+  return n > 0 ? n : 0;
+}
+
+/// The absolute tolerance for two float computations of the same quantity that may differ only in rounding
+/// (for instance a reduction split differently across threads): `ulps` units of the dtype's machine epsilon
+/// times `magnitude` (the largest magnitude among the terms involved, or of the result).
+inline double rounding_tolerance(at::ScalarType dtype, double magnitude, double ulps) {
+  double eps = 0;
+  switch (dtype) {
+    case at::kDouble: eps = 0x1p-52; break;
+    case at::kFloat: eps = 0x1p-23; break;
+    case at::kBFloat16: eps = 0x1p-7; break;
+    case at::kHalf: eps = 0x1p-10; break;
+    default: ADD_FAILURE() << "rounding_tolerance: not a floating dtype"; return 0;
+  }
+  return ulps * eps * magnitude;
+}
+
+/// Expects `actual` to equal `expected` up to rounding: every element within rounding_tolerance(dtype,
+/// max |expected|, ulps). For results whose operation order is not fixed (thread-split reductions).
+inline void expect_equal_up_to_rounding(const at::Tensor& actual, const at::Tensor& expected, double ulps,
+                                        const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
+  const double magnitude = e.abs().max().item<double>();
+  const double tolerance = rounding_tolerance(expected.scalar_type(), magnitude, ulps);
+  const double gap = (a - e).abs().max().item<double>();
+  EXPECT_LE(gap, tolerance) << what << ": largest difference " << gap << " over a tolerance of " << ulps
+                            << " ulps of " << magnitude;
+}
+
 /// A fresh empty folder under the test temp dir.
 inline std::filesystem::path temp_dir(const std::string& name) {
   const auto dir = std::filesystem::path(::testing::TempDir()) / ("swiftcpp_" + name);
@@ -105,8 +143,19 @@ struct CliRun {
   int code;
   std::string out;
 };
+/// CLI arguments as the suite runs them: with SWIFTCPP_TEST_THREADS set, a leading `--threads K` becomes that
+/// thread count, so the CLI tests run at the suite's thread count too.
+inline std::string with_test_threads(const std::string& args) {
+  const std::string flag = "--threads ";
+  const int n = test_threads();
+  if (n == 0 || args.rfind(flag, 0) != 0) return args;
+  const size_t end = args.find(' ', flag.size());
+  return flag + std::to_string(n) + (end == std::string::npos ? "" : args.substr(end));
+}
+
+/// Runs the CLI with with_test_threads(args).
 inline CliRun run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = env + " " + std::string(SWIFTCPP_BINARY) + " " + with_test_threads(args) + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};

@@ -80,6 +80,10 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   const std::vector<std::string> specs = split_tasks(o.tasks);
   if (specs.empty()) fail<ConfigError>("--tasks is empty; built-in tasks: {}", fmt::join(eval::builtin_task_names(), ", "));
   if (o.log_samples && o.output_dir.empty()) fail<ConfigError>("--log-samples needs --output-dir DIR");
+  // Outputs are checked before any work: they may only replace a regular file (never a device or FIFO), and the
+  // folder they go in must be a folder.
+  if (!o.dump_requests.empty()) check_output_file(o.dump_requests, "--dump-requests");
+  if (!o.output_dir.empty()) check_output_folder(o.output_dir, "--output-dir");
   if (o.add_bos != "auto" && o.add_bos != "true" && o.add_bos != "false") {
     fail<ConfigError>("--add-bos must be auto, true or false, got '{}'", o.add_bos);
   }
@@ -179,9 +183,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   }
   if (!o.output_dir.empty()) {
     const fs::path dir = o.output_dir;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) fail<IoError>("cannot create --output-dir {}: {}", dir.string(), ec.message());
+    create_folders(dir);
     Json task_info = Json::array();
     for (const auto& r : results) {
       task_info.push_back({{"task", r.task},

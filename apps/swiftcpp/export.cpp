@@ -5,6 +5,7 @@
 
 #include "apps/swiftcpp/commands.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/json.h"
 #include "io/safetensors.h"
 #include "peft/lora.h"
@@ -26,13 +27,30 @@ struct ExportOptions {
   bool narrow_output = false;
 };
 
+// Refuses an --output that cannot or may not be written, before the model loads: a GGUF file replaces only a
+// regular file, a checkpoint folder only a folder (never a device or FIFO), an existing output only with
+// --overwrite, and a regular file in the way of the path is named.
+void check_export_output(const ExportOptions& o) {
+  const fs::path out = o.output;
+  std::error_code ec;
+  if (o.format == "gguf") {
+    if (fs::is_directory(out, ec)) fail<ConfigError>("--output {} is a folder; --format gguf writes one file", out.string());
+    check_output_file(out, "--output");
+    if (fs::exists(out, ec) && !o.overwrite) {
+      fail<ConfigError>("--output {} exists (pass --overwrite to replace it)", out.string());
+    }
+  } else {
+    check_output_folder(out, "--output");
+    if (fs::exists(out, ec) && !fs::is_empty(out, ec) && !o.overwrite) {
+      fail<ConfigError>("--output {} exists and is not empty (pass --overwrite to replace it)", out.string());
+    }
+  }
+}
+
 int write_gguf(CausalLM& model, const ExportOptions& o) {
   const fs::path out = o.output;
-  if (fs::is_directory(out)) fail<ConfigError>("--output {} is a folder; --format gguf writes one file", out.string());
-  if (fs::exists(out) && !o.overwrite) {
-    fail<ConfigError>("--output {} exists (pass --overwrite to replace it)", out.string());
-  }
-  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  check_export_output(o);  // again: the folder may have changed while the model loaded
+  if (out.has_parent_path()) create_folders(out.parent_path());
   GgufExportOptions options;
   options.type = parse_ggml_type(o.quant);
   options.wide_output = !o.narrow_output;
@@ -67,9 +85,7 @@ int run_export(const ExportOptions& o) {
   if (o.merge_lora && o.adapters.empty()) fail<ConfigError>("--merge-lora needs --adapters DIR");
   if (o.format == "hf" && o.quant != "f32") fail<ConfigError>("--quant is for --format gguf (use --dtype for hf)");
   const fs::path out_dir = o.output;
-  if (o.format == "hf" && fs::exists(out_dir) && !fs::is_empty(out_dir) && !o.overwrite) {
-    fail<ConfigError>("--output {} exists and is not empty (pass --overwrite to replace it)", out_dir.string());
-  }
+  check_export_output(o);
   const at::ScalarType dtype = parse_dtype(o.dtype);
   // Merge in float32 (merge_lora itself works in float64), then convert.
   LoadOptions load;

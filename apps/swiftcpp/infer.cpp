@@ -245,6 +245,11 @@ int run_infer(const InferOptions& o) {
   const int modes = (o.has_prompt ? 1 : 0) + (o.prompts_file.empty() ? 0 : 1) + (o.interactive ? 1 : 0);
   if (modes != 1) fail<ConfigError>("give exactly one of --prompt, --prompts-file or --interactive");
   if (!o.output_logits.empty() && !o.has_prompt) fail<ConfigError>("--output-logits needs --prompt");
+  // Inputs and outputs are checked before the model loads: an input must be a regular file, an output may only
+  // replace a regular file (never a device or FIFO), and the folder it goes in must be a folder.
+  if (!o.prompts_file.empty()) require_regular_file(o.prompts_file, "--prompts-file");
+  if (!o.output.empty()) check_output_file(o.output, "--output");
+  if (!o.output_logits.empty()) check_output_file(o.output_logits, "--output-logits");
   nn::set_attention_backend(parse_backend(o.attention));
   LoadOptions load;
   load.device = parse_device(o.device);

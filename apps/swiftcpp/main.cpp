@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
     }
     configure_threads(threads);
     configure_allocator();
+    // Warnings libswiftcpp raises (non-finite weights, lengths cut to the model's context) go to stderr.
+    set_warning_sink([](const std::string& message) { std::cerr << "swiftcpp: warning: " << message << std::endl; });
     const std::string warning = blas_warning();
     if (!warning.empty()) std::cerr << "swiftcpp: warning: " << warning << std::endl;
     for (auto& [sub, run] : commands) {
@@ -77,6 +80,9 @@ int main(int argc, char** argv) {
     return report("error", e.what(), 6);
   } catch (const Error& e) {
     return report("error", e.what(), 1);
+  } catch (const std::filesystem::filesystem_error& e) {  // a path std::filesystem cannot follow (a link loop, ...)
+    const std::string paths = e.path2().empty() ? e.path1().string() : e.path1().string() + ", " + e.path2().string();
+    return report("error", fmt::format("{}: {}", paths, e.code().message()), 3);
   } catch (const c10::Error& e) {
     return report("internal error", e.what_without_backtrace(), 1);
   } catch (const std::exception& e) {

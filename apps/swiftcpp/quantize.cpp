@@ -7,6 +7,7 @@
 
 #include "apps/swiftcpp/commands.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/json.h"
 #include "data/pipeline.h"
 #include "io/safetensors.h"
@@ -70,7 +71,9 @@ std::vector<std::vector<int64_t>> calibration_samples(const QuantizeOptions& o, 
 
 int run_quantize(const QuantizeOptions& o, int threads) {
   const fs::path out_dir = o.output;
-  if (fs::exists(out_dir) && !o.overwrite) {
+  check_output_folder(out_dir, "--output");  // only a folder is replaced (never a file, device or FIFO)
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !o.overwrite) {
     fail<ConfigError>("--output {} exists (pass --overwrite to replace it)", out_dir.string());
   }
   if (o.group_size == 0 || o.group_size < -1) fail<ConfigError>("--group-size must be positive or -1 (got {})", o.group_size);
@@ -78,7 +81,7 @@ int run_quantize(const QuantizeOptions& o, int threads) {
   if (gptq && o.calib_dataset.empty()) fail<ConfigError>("--method gptq needs --calib-dataset (text to calibrate on)");
   if (!gptq && !o.calib_dataset.empty()) fail<ConfigError>("--calib-dataset is for --method gptq");
   if (o.calib_samples < 1) fail<ConfigError>("--calib-samples must be at least 1 (got {})", o.calib_samples);
-  if (o.damp_percent <= 0 || o.damp_percent >= 1) {
+  if (!(o.damp_percent > 0 && o.damp_percent < 1)) {  // NaN fails both comparisons
     fail<ConfigError>("--damp-percent must be in (0, 1) (got {})", o.damp_percent);
   }
   LoadOptions load;

@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -63,7 +64,7 @@ class ConfigSchema {
     return *this;
   }
 
-  /// A floating-point field, checked against [min, max].
+  /// A floating-point field, checked against [min, max]; NaN and infinities are refused.
   ConfigSchema& number(const std::string& key, double T::*member, const std::string& help,
                        double min = -std::numeric_limits<double>::infinity(),
                        double max = std::numeric_limits<double>::infinity()) {
@@ -73,6 +74,7 @@ class ConfigSchema {
                          if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) {
                            fail<ConfigError>("{}: '{}' must be a number, got {}", where, key, config_detail::describe(n));
                          }
+                         if (!std::isfinite(v)) fail<ConfigError>("{}: '{}' must be a finite number, got {}", where, key, v);
                          if (!(v >= min && v <= max)) fail<ConfigError>("{}: '{}' must be in [{}, {}], got {}", where, key, min, max, v);
                          static_cast<T*>(o)->*member = v;
                        },
@@ -102,6 +104,7 @@ class ConfigSchema {
                        [=](void* o, const YAML::Node& n, const std::string& where) {
                          if (!n.IsScalar()) fail<ConfigError>("{}: '{}' must be a string, got {}", where, key, config_detail::describe(n));
                          const std::string v = n.Scalar();
+                         if (!valid_utf8(v)) fail<ConfigError>("{}: '{}' must be UTF-8 text", where, key);
                          if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
                            fail<ConfigError>("{}: '{}' must be one of {}, got '{}'", where, key, fmt::join(choices, ", "), v);
                          }
@@ -118,10 +121,12 @@ class ConfigSchema {
                          std::vector<std::string> v;
                          if (n.IsScalar()) {
                            v.push_back(n.Scalar());
+                           if (!valid_utf8(v.back())) fail<ConfigError>("{}: '{}' must be UTF-8 text", where, key);
                          } else if (n.IsSequence()) {
                            for (const auto& e : n) {
                              if (!e.IsScalar()) fail<ConfigError>("{}: '{}' must hold strings, got {}", where, key, config_detail::describe(e));
                              v.push_back(e.Scalar());
+                             if (!valid_utf8(v.back())) fail<ConfigError>("{}: '{}' must hold UTF-8 text", where, key);
                            }
                          } else if (!n.IsNull()) {
                            fail<ConfigError>("{}: '{}' must be a string or a list of strings", where, key);

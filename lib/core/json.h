@@ -3,8 +3,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -13,12 +17,32 @@ namespace swiftcpp {
 
 using Json = nlohmann::json;
 
+/// The deepest nesting of arrays and objects a JSON text may have. Every JSON read in libswiftcpp goes through
+/// the parsers below, which refuse deeper text: a value nested further would overflow the stack in nlohmann's
+/// recursive copy, comparison and dump().
+constexpr int kMaxJsonDepth = 512;
+
 /// Parses a JSON file. Throws IoError when unreadable, FormatError naming the file and byte offset when the
-/// text is not valid JSON.
+/// text is not valid JSON (including numbers out of the range of a double and nesting deeper than
+/// kMaxJsonDepth).
 Json load_json_file(const fs::path& path);
 
-/// Parses JSON text; `origin` names where it came from in error messages. Throws FormatError.
-Json parse_json(const std::string& text, const std::string& origin);
+/// Parses JSON text; `origin` names where it came from in error messages. Throws FormatError like
+/// load_json_file.
+Json parse_json(std::string_view text, const std::string& origin);
+
+/// Parses JSON text into `out`; on invalid text (as parse_json refuses it) returns false and sets `error` to what
+/// was wrong and where (byte offset), without naming an origin. Throws nothing but std::bad_alloc.
+bool try_parse_json(std::string_view text, Json& out, std::string& error);
+
+/// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF): what a
+/// JSON string must hold for dump() to write it. Does not throw.
+bool valid_utf8(std::string_view text);
+
+/// A short description of a JSON value for error messages: its type and at most about 60 characters of its
+/// text ("the string \"abc\"", "the number 1.5", "an array of 3 elements [1, 2, ...]"). Never prints a whole
+/// large value. Does not throw except std::bad_alloc.
+std::string describe_json(const Json& value);
 
 /// A JSON object read from a named file, with typed accessors whose errors name the file and the key.
 class JsonObject {
@@ -68,19 +92,32 @@ class JsonObject {
   T convert(const std::string& key, const Json& v) const {
     bool ok = false;
     if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
-    else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer() ||
-                                                   (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<long long>(v.get<double>())));
+    else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                                                            std::trunc(v.get<double>()) == v.get<double>());
     else if constexpr (std::is_floating_point_v<T>) ok = v.is_number();
     else if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
     else ok = true;
-    if (!ok) fail<ConfigError>("{}: key '{}' must be {}, got {}", origin_, key, type_name<T>(), v.dump());
-    try {
-      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-        if (v.is_number_float()) return static_cast<T>(v.get<double>());
+    if (!ok) fail<ConfigError>("{}: key '{}' must be {}, got {}", origin_, key, type_name<T>(), describe_json(v));
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // In range of T before converting: a cast of an out-of-range value is undefined (floats) or wraps.
+      using Limits = std::numeric_limits<T>;
+      bool in_range = false;
+      if (v.is_number_unsigned()) in_range = v.get<uint64_t>() <= static_cast<uint64_t>(Limits::max());
+      else if (v.is_number_integer()) in_range = v.get<int64_t>() >= static_cast<int64_t>(Limits::min()) &&
+                                                 (static_cast<uint64_t>(Limits::max()) >= static_cast<uint64_t>(INT64_MAX) ||
+                                                  v.get<int64_t>() <= static_cast<int64_t>(Limits::max()));
+      else in_range = v.get<double>() >= static_cast<double>(Limits::min()) &&
+                      v.get<double>() < static_cast<double>(Limits::max()) + 1.0;
+      if (!in_range) {
+        fail<ConfigError>("{}: key '{}' is out of range: {} (expected {} in [{}, {}])", origin_, key, describe_json(v),
+                          type_name<T>(), Limits::min(), Limits::max());
       }
+      if (v.is_number_float()) return static_cast<T>(v.get<double>());
+    }
+    try {
       return v.get<T>();
     } catch (const nlohmann::json::exception& e) {
-      fail<ConfigError>("{}: key '{}' has an unexpected value {}: {}", origin_, key, v.dump(), e.what());
+      fail<ConfigError>("{}: key '{}' has an unexpected value {}: {}", origin_, key, describe_json(v), e.what());
     }
   }
 

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -67,6 +68,28 @@ std::string blas_warning() {
   if (loaded_blas() != "reference") return {};
   return "only the reference BLAS is loaded: matrix products run about 30x slower. Install an optimised one "
          "(`apt-get install libopenblas0-openmp`, or run scripts/setup.sh).";
+}
+
+namespace {
+std::mutex& warning_mutex() {
+  static std::mutex m;
+  return m;
+}
+WarningSink& warning_sink() {
+  static WarningSink sink;
+  return sink;
+}
+}  // namespace
+
+WarningSink set_warning_sink(WarningSink sink) {
+  std::lock_guard<std::mutex> lock(warning_mutex());
+  std::swap(warning_sink(), sink);
+  return sink;
+}
+
+void warn(const std::string& message) {
+  std::lock_guard<std::mutex> lock(warning_mutex());
+  if (warning_sink()) warning_sink()(message);
 }
 
 }  // namespace swiftcpp

@@ -1,6 +1,7 @@
 // Process-wide runtime set-up: thread count, allocator and BLAS detection.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace swiftcpp {
@@ -26,5 +27,16 @@ std::string loaded_blas();
 
 /// A warning to print when only the slow reference BLAS is loaded; empty when the BLAS is fine.
 std::string blas_warning();
+
+/// Receives the warnings libswiftcpp raises (lib/ never prints): apps/ installs one that prints to stderr.
+using WarningSink = std::function<void(const std::string& message)>;
+
+/// Installs the process-wide warning sink (an empty function drops warnings, the default) and returns the one it
+/// replaces. Thread-safe. Throws nothing.
+WarningSink set_warning_sink(WarningSink sink);
+
+/// Hands `message` to the installed warning sink (nothing happens when none is installed). Thread-safe: calls are
+/// serialised. Throws what the sink throws.
+void warn(const std::string& message);
 
 }  // namespace swiftcpp

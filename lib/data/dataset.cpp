@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <charconv>
 #include <fstream>
 
 namespace swiftcpp {
@@ -33,8 +34,9 @@ std::string content_text(const Json& content, const std::string& where) {
   if (content.is_array()) {
     std::string text;
     for (const auto& part : content) {
-      if (!part.is_object() || part.value("type", "") != "text") {
-        bad(where, "non-text content", "only text parts are supported, got " + part.dump().substr(0, 60));
+      // (part.value("type", "") would throw nlohmann's type_error on a "type" that is not a string.)
+      if (!part.is_object() || !part.contains("type") || part.at("type") != Json("text")) {
+        bad(where, "non-text content", "only text parts are supported, got " + describe_json(part));
       }
       const char* key = part.contains("text") ? "text" : "value";
       if (!part.contains(key) || !part.at(key).is_string()) bad(where, "non-string content", "text part without a string");
@@ -177,16 +179,20 @@ DatasetSource parse_dataset_source(const std::string& spec) {
   }
   s.path = spec.substr(0, hash);
   const std::string n = spec.substr(hash + 1);
-  if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0) {
-    fail<ConfigError>("dataset '{}': the part after '#' must be a positive row count", spec);
+  int64_t limit = 0;
+  const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), limit);
+  if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || ec != std::errc() ||
+      end != n.data() + n.size() || limit <= 0) {
+    fail<ConfigError>("dataset '{}': the part after '#' must be a positive row count of at most {}", spec, INT64_MAX);
   }
-  s.limit = std::stoll(n);
+  s.limit = limit;
   return s;
 }
 
 void for_each_row(const DatasetSource& source, const std::function<void(Json&&, const std::string&)>& on_row,
                   const std::function<void(const std::string&, const std::string&, const std::string&)>& on_bad) {
   const std::string file = source.path.string();
+  require_regular_file(source.path, "dataset");
   std::ifstream in(source.path, std::ios::binary);
   if (!in) fail<IoError>("cannot open dataset '{}'", file);
   const int64_t limit = source.limit.value_or(INT64_MAX);
@@ -200,6 +206,10 @@ void for_each_row(const DatasetSource& source, const std::function<void(Json&&, 
     struct Stop {};
     int64_t index = 0;
     auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+      if (depth > kMaxJsonDepth) {
+        fail<FormatError>("{}: invalid JSON in row #{}: arrays and objects nested deeper than {} levels", file, index,
+                          kMaxJsonDepth);
+      }
       if (depth == 1 && (event == Json::parse_event_t::object_end || event == Json::parse_event_t::array_end ||
                          event == Json::parse_event_t::value)) {
         const std::string where = fmt::format("{}[#{}]", file, index++);
@@ -215,6 +225,8 @@ void for_each_row(const DatasetSource& source, const std::function<void(Json&&, 
     } catch (const Stop&) {
     } catch (const nlohmann::json::parse_error& e) {
       fail<FormatError>("{}: invalid JSON at byte {} (after row #{}): {}", file, e.byte, index, e.what());
+    } catch (const nlohmann::json::exception& e) {  // a number out of range of a double (1e999): out_of_range
+      fail<FormatError>("{}: invalid JSON in row #{}: {}", file, index, e.what());
     }
     return;
   }
@@ -223,10 +235,9 @@ void for_each_row(const DatasetSource& source, const std::function<void(Json&&, 
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", file, number);
     Json row;
-    try {
-      row = Json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      on_bad(where, "invalid JSON", e.what());
+    std::string error;
+    if (!try_parse_json(line, row, error)) {
+      on_bad(where, "invalid JSON", error);
       continue;
     }
     on_row(std::move(row), where);

@@ -16,6 +16,7 @@
 namespace swiftcpp {
 
 uint64_t hash_file(const fs::path& path, uint64_t seed) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail<IoError>("cannot open '{}' to hash it", path.string());
   uint64_t h = seed;
@@ -59,6 +60,7 @@ struct ChunkResult {
 // array parsed one at a time.
 void read_records(const DatasetSource& source, const std::function<bool(Record&&)>& emit) {
   const std::string file = source.path.string();
+  require_regular_file(source.path, "dataset");
   std::ifstream in(source.path, std::ios::binary);
   if (!in) fail<IoError>("cannot open dataset '{}'", file);
   int64_t rows = 0;
@@ -104,11 +106,8 @@ ChunkResult process_chunk(std::vector<Record>& chunk, const SampleEncoder& encod
     ++out.rows;
     try {
       if (r.is_line) {
-        try {
-          r.value = Json::parse(r.line);
-        } catch (const nlohmann::json::parse_error& e) {
-          throw BadRowError(r.where, "invalid JSON", e.what());
-        }
+        std::string error;
+        if (!try_parse_json(r.line, r.value, error)) throw BadRowError(r.where, "invalid JSON", error);
       }
       const Conversation c = normalise_row(r.value, r.where, options.system);
       std::optional<Sample> s = encoder.encode(c);
@@ -263,14 +262,16 @@ void finish_stats(DataStats& stats, const std::vector<Sample>& train, const std:
 TokenizedData prepare_data(const DataOptions& options, const SampleEncoder& encoder, const std::string& fingerprint) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.dataset.empty()) fail<ConfigError>("no dataset given (dataset: [path[#N], ...])");
-  if (options.split_dataset_ratio < 0 || options.split_dataset_ratio >= 1) {
+  if (!(options.split_dataset_ratio >= 0 && options.split_dataset_ratio < 1)) {  // NaN fails both comparisons
     fail<ConfigError>("split_dataset_ratio must be in [0, 1), got {}", options.split_dataset_ratio);
   }
   TokenizedData data;
   fs::path cache_file;
   if (!options.cache_dir.empty()) {
     cache_file = options.cache_dir / ("tokenized-" + cache_key(options, fingerprint) + ".bin");
-    std::ifstream in(cache_file, std::ios::binary);
+    std::error_code cache_ec;  // only a regular file is read (a FIFO there would block); AtomicFile refuses others
+    std::ifstream in;
+    if (fs::is_regular_file(cache_file, cache_ec)) in.open(cache_file, std::ios::binary);
     char magic[8];
     if (in && in.read(magic, 8) && std::memcmp(magic, kCacheMagic, 8) == 0) {
       std::string stats_json(0, '\0');
@@ -313,7 +314,7 @@ TokenizedData prepare_data(const DataOptions& options, const SampleEncoder& enco
   finish_stats(data.stats, data.train, data.validation);
 
   if (!cache_file.empty()) {
-    fs::create_directories(options.cache_dir);
+    create_folders(options.cache_dir);
     AtomicFile file(cache_file);
     auto& out = file.stream();
     out.write(kCacheMagic, 8);

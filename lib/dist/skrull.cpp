@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
 
 namespace swiftcpp::skrull {
 
@@ -168,17 +170,13 @@ DeviceProfile DeviceProfile::from_json(const nlohmann::json& j, const std::strin
 }
 
 DeviceProfile DeviceProfile::load(const std::string& path) {
+  require_regular_file(path, "device profile");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail<IoError>("cannot open device profile '{}'", path);
   std::stringstream text;
   text << in.rdbuf();
   if (in.bad()) fail<IoError>("cannot read device profile '{}'", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    fail<FormatError>("{}: not valid JSON: {}", path, e.what());
-  }
+  const nlohmann::json j = parse_json(text.str(), path);  // FormatError naming the file
   return from_json(j, path);
 }
 

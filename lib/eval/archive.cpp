@@ -107,7 +107,7 @@ std::vector<std::string> ZipArchive::names() const {
 
 bool ZipArchive::contains(const std::string& name) const { return index_.count(name) != 0; }
 
-std::string ZipArchive::read(const std::string& name) const {
+std::string ZipArchive::read(const std::string& name, uint64_t max_bytes) const {
   const auto it = index_.find(name);
   if (it == index_.end()) fail<FormatError>("{}: no member '{}'", path_.string(), name);
   const Entry& e = entries_[it->second];
@@ -116,6 +116,13 @@ std::string ZipArchive::read(const std::string& name) const {
   };
   if (e.flags & 0x1) bad("encrypted members are not supported");
   if (e.method != 0 && e.method != 8) bad(fmt::format("unsupported compression method {}", e.method));
+  if (e.size > max_bytes) {
+    bad(fmt::format("declares {} uncompressed bytes, more than the limit of {} bytes", e.size, max_bytes));
+  }
+  if (e.method == 8 && e.size > static_cast<uint64_t>(e.compressed_size) * kMaxDeflateRatio + 1024) {
+    bad(fmt::format("declares {} uncompressed bytes, more than deflate can produce from its {} compressed bytes",
+                    e.size, e.compressed_size));
+  }
 
   // The local header repeats name and extra field, possibly with other lengths than the central directory's.
   const std::string& d = data_;
@@ -130,21 +137,27 @@ std::string ZipArchive::read(const std::string& name) const {
     if (e.compressed_size != e.size) bad("stored member with different compressed and uncompressed sizes");
     out = d.substr(start, e.size);
   } else {
-    // One spare byte tells a stream that inflates to more than the declared size from one that fits exactly.
-    out.resize(static_cast<size_t>(e.size) + 1);
-    z_stream s{};
-    if (inflateInit2(&s, -MAX_WBITS) != Z_OK) bad("cannot initialise zlib");
-    s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(d.data() + start));
-    s.avail_in = e.compressed_size;
-    s.next_out = reinterpret_cast<Bytef*>(out.data());
-    s.avail_out = static_cast<uInt>(out.size());
-    const int rc = inflate(&s, Z_FINISH);
-    const uLong produced = s.total_out;
-    const std::string msg = s.msg != nullptr ? s.msg : "unexpected end of data";
-    inflateEnd(&s);
-    if (produced > e.size) bad(fmt::format("inflates to more than the declared {} bytes", e.size));
-    if (rc != Z_STREAM_END) bad("corrupt deflate data (" + msg + ")");
-    out.resize(produced);
+    // Inflated a piece at a time: memory grows with the bytes produced, never on the word of the header.
+    struct Inflater {
+      z_stream s{};
+      ~Inflater() { inflateEnd(&s); }
+    } z;
+    if (inflateInit2(&z.s, -MAX_WBITS) != Z_OK) bad("cannot initialise zlib");
+    z.s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(d.data() + start));
+    z.s.avail_in = e.compressed_size;
+    char buffer[1 << 16];
+    for (;;) {
+      z.s.next_out = reinterpret_cast<Bytef*>(buffer);
+      z.s.avail_out = sizeof(buffer);
+      const int rc = inflate(&z.s, Z_NO_FLUSH);
+      const size_t produced = sizeof(buffer) - z.s.avail_out;
+      if (out.size() + produced > e.size) bad(fmt::format("inflates to more than the declared {} bytes", e.size));
+      out.append(buffer, produced);
+      if (rc == Z_STREAM_END) break;
+      if (rc != Z_OK) {
+        bad("corrupt deflate data (" + std::string(z.s.msg != nullptr ? z.s.msg : "unexpected end of data") + ")");
+      }
+    }
   }
   if (out.size() != e.size) bad(fmt::format("size {} does not match the declared {}", out.size(), e.size));
   const uint32_t crc = static_cast<uint32_t>(
@@ -153,7 +166,7 @@ std::string ZipArchive::read(const std::string& name) const {
   return out;
 }
 
-std::string read_bzip2_file(const fs::path& path) {
+std::string read_bzip2_file(const fs::path& path, uint64_t max_bytes) {
   const std::string in = read_text_file(path);
   const auto bad = [&](const std::string& why) { fail<FormatError>("{}: {}", path.string(), why); };
 
@@ -183,7 +196,11 @@ std::string read_bzip2_file(const fs::path& path) {
       st.s.avail_out = sizeof(buffer);
       const bool starved = st.s.avail_in == 0;
       const int rc = BZ2_bzDecompress(&st.s);
-      out.append(buffer, sizeof(buffer) - st.s.avail_out);
+      const size_t produced = sizeof(buffer) - st.s.avail_out;
+      if (produced > max_bytes - out.size()) {
+        bad(fmt::format("decompresses to more than the limit of {} bytes", max_bytes));
+      }
+      out.append(buffer, produced);
       if (rc == BZ_STREAM_END) break;
       if (rc == BZ_DATA_ERROR_MAGIC) bad(first ? "not a bzip2 file" : "trailing data that is not bzip2");
       if (rc == BZ_DATA_ERROR) bad("corrupt bzip2 data");
@@ -195,8 +212,8 @@ std::string read_bzip2_file(const fs::path& path) {
   return out;
 }
 
-std::string read_maybe_compressed(const fs::path& path) {
-  return path.extension() == ".bz2" ? read_bzip2_file(path) : read_text_file(path);
+std::string read_maybe_compressed(const fs::path& path, uint64_t max_bytes) {
+  return path.extension() == ".bz2" ? read_bzip2_file(path, max_bytes) : read_text_file(path);
 }
 
 }  // namespace swiftcpp

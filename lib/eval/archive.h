@@ -11,6 +11,13 @@
 
 namespace swiftcpp {
 
+/// The most bytes one zip member or one bzip2 file of evaluation data may unpack to (4 GiB); more is refused with
+/// an error naming the file and the limit, before that much memory is used.
+constexpr uint64_t kMaxUnpackedBytes = uint64_t{4} << 30;
+
+/// A deflate stream unpacks to at most about 1032 times its size; a zip member declaring more is refused unread.
+constexpr uint64_t kMaxDeflateRatio = 1100;
+
 /// A zip archive held in memory. Members stored (method 0) or deflated (method 8) can be read; every read
 /// checks the member's CRC-32 and uncompressed size against the central directory. ZIP64, multi-disk archives
 /// and encrypted members are rejected.
@@ -28,11 +35,11 @@ class ZipArchive {
   std::vector<std::string> names() const;
   /// Whether a member of exactly this name exists.
   bool contains(const std::string& name) const;
-  /// The uncompressed bytes of member `name`.
+  /// The uncompressed bytes of member `name`, read in pieces so that memory follows the data actually inflated.
   /// Throws FormatError naming the archive and the member when there is no such member, it is encrypted or
-  /// uses another compression method, or its data is corrupt (bad local header, inflate error, size or CRC
-  /// mismatch).
-  std::string read(const std::string& name) const;
+  /// uses another compression method, declares more than `max_bytes` or more than deflate can produce from its
+  /// compressed size, or its data is corrupt (bad local header, inflate error, size or CRC mismatch).
+  std::string read(const std::string& name, uint64_t max_bytes = kMaxUnpackedBytes) const;
 
  private:
   struct Entry {
@@ -55,11 +62,12 @@ class ZipArchive {
 
 /// The decompressed content of a bzip2 file; concatenated streams (as written by pbzip2 or `cat a.bz2 b.bz2`)
 /// are decompressed one after the other. Throws IoError when the file cannot be read, FormatError naming the
-/// file when it is not bzip2 data, is corrupt or ends inside a stream.
-std::string read_bzip2_file(const fs::path& path);
+/// file when it is not bzip2 data, is corrupt, ends inside a stream, or decompresses to more than `max_bytes`
+/// (the message names the limit).
+std::string read_bzip2_file(const fs::path& path, uint64_t max_bytes = kMaxUnpackedBytes);
 
 /// The content of `path`, decompressed with read_bzip2_file when its name ends in ".bz2", else read as is.
 /// Throws IoError / FormatError as read_bzip2_file and read_text_file.
-std::string read_maybe_compressed(const fs::path& path);
+std::string read_maybe_compressed(const fs::path& path, uint64_t max_bytes = kMaxUnpackedBytes);
 
 }  // namespace swiftcpp

@@ -45,6 +45,7 @@ TaskResult start_result(const Task& task, int64_t items) {
 
 Evaluator::Evaluator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer, EvalOptions options)
     : model_(model), tokenizer_(std::move(tokenizer)), options_(std::move(options)), scorer_(model, options_.scorer) {
+  options_.scorer = scorer_.options();  // max_length resolved and checked against the model's context
   add_bos_ = options_.add_bos.value_or(tokenizer_->specials().add_bos) && tokenizer_->specials().bos.has_value();
   if (options_.add_bos.value_or(false) && !tokenizer_->specials().bos) {
     fail<ConfigError>("--add-bos: the tokenizer has no BOS token");

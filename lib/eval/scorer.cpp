@@ -36,7 +36,13 @@ std::pair<at::Tensor, at::Tensor> token_scores(CausalLM& model, const at::Tensor
 
 Scorer::Scorer(CausalLM model, ScorerOptions options) : model_(std::move(model)), options_(options) {
   if (options_.batch_size < 1) fail<ConfigError>("batch size must be >= 1, got {}", options_.batch_size);
+  const int64_t context = model_->config().max_position_embeddings;
+  if (options_.max_length == 0) options_.max_length = context;
   if (options_.max_length < 2) fail<ConfigError>("max length must be >= 2, got {}", options_.max_length);
+  if (options_.max_length > context) {
+    fail<ConfigError>("max length {} exceeds the model's context of {} positions (max_position_embeddings); use at "
+                      "most {}", options_.max_length, context, context);
+  }
 }
 
 std::vector<std::vector<ContinuationScore>> Scorer::score(const std::vector<LoglikelihoodRequest>& requests,

@@ -25,12 +25,14 @@ struct ContinuationScore {
 
 struct ScorerOptions {
   int64_t batch_size = 8;    // requests per forward
-  int64_t max_length = 2048; // model input length; longer contexts lose their oldest tokens (as lm-eval does)
+  int64_t max_length = 0;    // model input length (0: the model's max_position_embeddings, as lm-eval's default);
+                             // longer contexts lose their oldest tokens (as lm-eval does)
 };
 
 class Scorer {
  public:
-  /// Throws ConfigError when batch_size or max_length is not positive.
+  /// Resolves max_length 0 to the model's max_position_embeddings. Throws ConfigError when batch_size is not
+  /// positive or max_length is below 2 or above max_position_embeddings (the model has no positions beyond).
   Scorer(CausalLM model, ScorerOptions options);
 
   /// Scores every request; results[i][j] belongs to requests[i].continuations[j]. Requests are run longest first

@@ -63,7 +63,7 @@ std::vector<std::string> string_list(const Json& value, const std::string& key, 
   if (!value.is_array() || value.empty()) fail<FormatError>("{}: '{}' must be a non-empty list of strings", where, key);
   std::vector<std::string> out;
   for (const auto& v : value) {
-    if (!v.is_string()) fail<FormatError>("{}: '{}' must be a non-empty list of strings, got {}", where, key, v.dump());
+    if (!v.is_string()) fail<FormatError>("{}: '{}' must be a non-empty list of strings, got {}", where, key, describe_json(v));
     out.push_back(v.get<std::string>());
   }
   return out;
@@ -79,7 +79,7 @@ int gold_index(const Json& value, size_t count, const std::string& key, const st
                          [](unsigned char c) { return std::isdigit(c); })) {
     gold = std::stoll(value.get<std::string>());
   } else {
-    fail<FormatError>("{}: '{}' must be a choice index, got {}", where, key, value.dump());
+    fail<FormatError>("{}: '{}' must be a choice index, got {}", where, key, describe_json(value));
   }
   if (gold < 0 || gold >= static_cast<int64_t>(count)) {
     fail<FormatError>("{}: '{}' {} is out of range for {} choices", where, key, gold, count);

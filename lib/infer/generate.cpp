@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/runtime.h"
 #include "data/encode.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,6 +58,11 @@ std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
 }
 
 at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt) {
+  const int64_t context = model_->config().max_position_embeddings;
+  if (static_cast<int64_t>(prompt.size()) > context) {
+    fail<ConfigError>("the prompt has {} tokens, more than the model's context of {} positions (max_position_embeddings)",
+                      prompt.size(), context);
+  }
   c10::InferenceMode guard;
   const at::Tensor ids = at::tensor(prompt, at::kLong).view({1, -1}).to(model_->device());
   return model_->forward(ids).squeeze(0).to(at::kCPU, at::kFloat);  // [T, V]
@@ -74,17 +80,36 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
 
   const int64_t B = static_cast<int64_t>(prompts.size());
   const int64_t V = model_->config().vocab_size;
+  const int64_t context = model_->config().max_position_embeddings;
   int64_t longest = 0, shortest = INT64_MAX;
-  for (const auto& p : prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
     if (p.empty()) fail<ConfigError>("cannot generate from an empty token sequence (start from BOS)");
+    if (static_cast<int64_t>(p.size()) > context) {
+      fail<ConfigError>("prompt {} has {} tokens, more than the model's context of {} positions "
+                        "(max_position_embeddings): shorten it", i, p.size(), context);
+    }
     for (int64_t id : p) {
       if (id < 0 || id >= V) fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
     }
     longest = std::max<int64_t>(longest, p.size());
     shortest = std::min<int64_t>(shortest, p.size());
   }
+  // Prompt + new tokens never exceed the model's context: a row stops ("length") after
+  // min(max_new_tokens, max_position_embeddings - its prompt length) new tokens.
+  std::vector<int64_t> limit(B);
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    limit[b] = std::min<int64_t>(config.max_new_tokens, context - static_cast<int64_t>(prompts[b].size()));
+    most = std::max(most, limit[b]);
+  }
+  if (config.max_new_tokens > context - shortest) {
+    warn(fmt::format("max_new_tokens {} does not fit the model's context of {} positions (max_position_embeddings) "
+                     "after a prompt of {} tokens: generation stops when prompt + new tokens reach {}",
+                     config.max_new_tokens, context, shortest, context));
+  }
   const bool padded = longest != shortest;
-  const int64_t capacity = longest + std::max<int64_t>(config.max_new_tokens, 1);
+  const int64_t capacity = longest + std::max<int64_t>(most, 1);
   const at::Device device = model_->device();
 
   // Left padding: ids [B, L], key_valid [B, capacity], positions restart at 0 at each row's first real token.
@@ -117,7 +142,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
     rows[b].context.assign(p.end() - std::min<size_t>(p.size(), 8), p.end());
     rows[b].context_text = tokenizer_->decode(to_int(rows[b].context));
   }
-  if (config.max_new_tokens == 0) {
+  if (most == 0) {  // max_new_tokens 0, or every prompt fills the context
     for (auto& r : results) r.finish_reason = "length";
     return results;
   }
@@ -135,7 +160,13 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
   std::vector<int64_t> next_pos(B);
   for (int64_t b = 0; b < B; ++b) next_pos[b] = static_cast<int64_t>(prompts[b].size());
   int64_t active = B;
-  for (int64_t step = 0; step < config.max_new_tokens && active > 0; ++step) {
+  for (int64_t b = 0; b < B; ++b) {
+    if (limit[b] > 0) continue;  // this prompt fills the context: nothing to generate
+    rows[b].finished = true;
+    results[b].finish_reason = "length";
+    --active;
+  }
+  for (int64_t step = 0; step < most && active > 0; ++step) {
     const at::Tensor next = sampler.sample(logits.select(1, 0), seen);  // [B] int64 CPU
     const int64_t* next_ids = next.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
@@ -161,7 +192,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
         res.finish_reason = "stop";
       } else if (is_eos) {
         res.finish_reason = "eos";
-      } else if (static_cast<int64_t>(res.new_ids.size()) >= config.max_new_tokens) {
+      } else if (static_cast<int64_t>(res.new_ids.size()) >= limit[b]) {
         res.finish_reason = "length";
       }
       row.finished = !res.finish_reason.empty();
@@ -171,7 +202,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
       res.text = std::move(text);
       if (row.finished) --active;
     }
-    if (active == 0 || step + 1 == config.max_new_tokens) break;
+    if (active == 0 || step + 1 == most) break;
     ForwardOptions step_options;
     step_options.cache = &cache;
     step_options.last_token_only = true;

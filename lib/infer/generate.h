@@ -35,8 +35,11 @@ class Generator {
  public:
   Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer);
 
-  /// Generates continuations of tokenised prompts (each non-empty), batched with left padding.
-  /// Throws ConfigError on bad settings or an empty prompt.
+  /// Generates continuations of tokenised prompts (each non-empty), batched with left padding. A prompt and its
+  /// new tokens never exceed the model's context: a row stops (finish reason "length") after
+  /// min(max_new_tokens, max_position_embeddings - prompt length) new tokens, with a warning (core/runtime.h)
+  /// when max_new_tokens is cut that way. Throws ConfigError on bad settings, an empty prompt or a prompt longer
+  /// than max_position_embeddings.
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
                                          const GenerationConfig& config, const TextCallback& on_text = {});
 
@@ -45,7 +48,8 @@ class Generator {
   /// Throws ConfigError when the text is empty and the tokenizer has no BOS.
   std::vector<int64_t> encode_prompt(const std::string& text) const;
 
-  /// Full logits of one prompt without a cache: [T, V] float32 on the CPU.
+  /// Full logits of one prompt without a cache: [T, V] float32 on the CPU. Throws ConfigError when the prompt is
+  /// longer than max_position_embeddings.
   at::Tensor prompt_logits(const std::vector<int64_t>& prompt);
 
   CausalLM& model() { return model_; }

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -9,11 +10,16 @@
 namespace swiftcpp {
 
 void SamplingParams::validate() const {
-  if (temperature < 0) fail<ConfigError>("temperature must be >= 0 (0 = greedy), got {}", temperature);
+  // Written so that NaN fails every range (each comparison with NaN is false); Inf is refused explicitly.
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    fail<ConfigError>("temperature must be a finite number >= 0 (0 = greedy), got {}", temperature);
+  }
   if (top_k < 0) fail<ConfigError>("top_k must be >= 0 (0 = off), got {}", top_k);
   if (!(top_p > 0 && top_p <= 1)) fail<ConfigError>("top_p must be in (0, 1], got {}", top_p);
   if (!(min_p >= 0 && min_p < 1)) fail<ConfigError>("min_p must be in [0, 1), got {}", min_p);
-  if (!(repetition_penalty > 0)) fail<ConfigError>("repetition_penalty must be > 0, got {}", repetition_penalty);
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
+    fail<ConfigError>("repetition_penalty must be a finite number > 0, got {}", repetition_penalty);
+  }
 }
 
 Sampler::Sampler(const SamplingParams& params)

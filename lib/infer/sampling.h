@@ -16,7 +16,7 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // 1: off; CTRL-style, over prompt and generated tokens
   uint64_t seed = 0;
 
-  /// Throws ConfigError naming the field when a value is out of range.
+  /// Throws ConfigError naming the field when a value is out of range, NaN or infinite.
   void validate() const;
   bool greedy() const { return temperature <= 0.0; }
 };

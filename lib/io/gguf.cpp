@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -300,10 +301,12 @@ class Cursor {
     pos_ += sizeof v;
     return v;
   }
+  // GGUF strings are UTF-8; others are refused here (JSON, which holds metadata values, cannot write them).
   std::string string(const char* what) {
     const uint64_t n = get<uint64_t>(what);
     need(n, what);
     std::string s(reinterpret_cast<const char*>(base_ + pos_), static_cast<size_t>(n));
+    if (!valid_utf8(s)) fail<FormatError>("{}: {} at byte {} is not valid UTF-8", file_.string(), what, pos_);
     pos_ += n;
     return s;
   }
@@ -321,6 +324,24 @@ class Cursor {
   size_t pos_ = 0;
   const fs::path& file_;
 };
+
+// Bytes a metadata key/value takes at least (key length, type, one byte of value) and a tensor info (name length,
+// dimension count, one dimension, type, offset): bounds on what counts a file of a given size can declare.
+constexpr uint64_t kMinMetadataBytes = 8 + 4 + 1;
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 60;
+
+// Bytes one scalar of `type` takes at least (a string: its length field); 0 for a type that is not a scalar.
+uint64_t scalar_min_bytes(GgufType type) {
+  switch (type) {
+    case GgufType::UINT8: case GgufType::INT8: case GgufType::BOOL: return 1;
+    case GgufType::UINT16: case GgufType::INT16: return 2;
+    case GgufType::UINT32: case GgufType::INT32: case GgufType::FLOAT32: return 4;
+    case GgufType::UINT64: case GgufType::INT64: case GgufType::FLOAT64: case GgufType::STRING: return 8;
+    case GgufType::ARRAY: return 0;
+  }
+  return 0;
+}
 
 Json read_scalar(Cursor& c, GgufType type, const fs::path& file, const std::string& key, size_t at) {
   switch (type) {
@@ -350,12 +371,18 @@ Json read_scalar(Cursor& c, GgufType type, const fs::path& file, const std::stri
 std::shared_ptr<GgufFile> GgufFile::open(const fs::path& file) {
   std::shared_ptr<GgufFile> g(new GgufFile());
   g->path_ = file;
-  const int fd = ::open(file.c_str(), O_RDONLY);
+  require_regular_file(file, "GGUF file");
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; it is then refused as not a regular file.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail<IoError>("cannot open {}: {}", file.string(), std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     ::close(fd);
     fail<IoError>("cannot stat {}", file.string());
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail<IoError>("{} is not a regular file", file.string());
   }
   g->size_ = static_cast<size_t>(st.st_size);
   if (g->size_ > 0) {
@@ -376,6 +403,16 @@ std::shared_ptr<GgufFile> GgufFile::open(const fs::path& file) {
   }
   const uint64_t n_tensors = c.get<uint64_t>("the tensor count");
   const uint64_t n_kv = c.get<uint64_t>("the metadata count");
+  // Counts the rest of the file cannot hold are refused before anything is read or reserved for them.
+  const uint64_t left = g->size_ - c.pos();
+  if (n_kv > left / kMinMetadataBytes) {
+    fail<FormatError>("{}: header declares {} metadata entries; the {} bytes after it hold at most {}", file.string(),
+                      n_kv, left, left / kMinMetadataBytes);
+  }
+  if (n_tensors > left / kMinTensorInfoBytes) {
+    fail<FormatError>("{}: header declares {} tensors; the {} bytes after it hold at most {}", file.string(),
+                      n_tensors, left, left / kMinTensorInfoBytes);
+  }
   for (uint64_t i = 0; i < n_kv; ++i) {
     const std::string key = c.string("a metadata key");
     const size_t at = c.pos();
@@ -385,7 +422,15 @@ std::shared_ptr<GgufFile> GgufFile::open(const fs::path& file) {
       v.element = static_cast<GgufType>(c.get<uint32_t>("an array element type"));
       const uint64_t n = c.get<uint64_t>("an array length");
       if (v.element == GgufType::ARRAY) fail<FormatError>("{}: metadata {}: nested arrays are not supported", file.string(), key);
-      c.need(std::min<uint64_t>(n, g->size_), "the array");  // every element takes at least one byte
+      const uint64_t element_bytes = scalar_min_bytes(v.element);
+      if (element_bytes == 0) {
+        fail<FormatError>("{}: metadata {} at byte {}: unknown array element type {}", file.string(), key, at,
+                          static_cast<uint32_t>(v.element));
+      }
+      if (n > (g->size_ - c.pos()) / element_bytes) {
+        fail<FormatError>("{}: metadata {} at byte {}: array of {} elements of at least {} bytes each runs past the end "
+                          "of the file ({} bytes left)", file.string(), key, at, n, element_bytes, g->size_ - c.pos());
+      }
       v.value = Json::array();
       for (uint64_t j = 0; j < n; ++j) v.value.push_back(read_scalar(c, v.element, file, key, at));
     } else {
@@ -414,6 +459,14 @@ std::shared_ptr<GgufFile> GgufFile::open(const fs::path& file) {
       if (dim == 0 || dim > (uint64_t{1} << 40)) fail<FormatError>("{}: tensor {}: dimension {}", file.string(), t.name, dim);
       t.dims.push_back(static_cast<int64_t>(dim));
     }
+    // numel() and bytes() must not overflow: at most 2^60 elements (8 bytes each, at most, in any type).
+    uint64_t numel = 1;
+    for (const int64_t d : t.dims) {
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) || numel > kMaxTensorElements) {
+        fail<FormatError>("{}: tensor {}: dimensions {} describe more than 2^60 elements", file.string(), t.name,
+                          fmt::join(t.dims, " x "));
+      }
+    }
     const uint32_t type = c.get<uint32_t>("a tensor type");
     if (type != 0 && type != 1 && type != 2 && type != 8) {
       fail<FormatError>("{}: tensor {}: ggml type {} is not supported (F32, F16, Q8_0, Q4_0 are)", file.string(), t.name, type);
@@ -430,10 +483,11 @@ std::shared_ptr<GgufFile> GgufFile::open(const fs::path& file) {
   }
   g->data_offset_ = (c.pos() + alignment - 1) / alignment * alignment;
   for (const auto& t : g->tensors_) {
-    const uint64_t end = g->data_offset_ + t.offset + static_cast<uint64_t>(t.bytes());
-    if (end > g->size_) {
-      fail<FormatError>("{}: tensor {} ({} bytes at data offset {}) ends at byte {}, past the end of the file ({} bytes): "
-                        "truncated?", file.string(), t.name, t.bytes(), t.offset, end, g->size_);
+    const uint64_t bytes = static_cast<uint64_t>(t.bytes());
+    const uint64_t room = g->size_ >= g->data_offset_ ? g->size_ - g->data_offset_ : 0;
+    if (t.offset > room || bytes > room - t.offset) {
+      fail<FormatError>("{}: tensor {} ({} bytes at data offset {}) runs past the end of the file ({} bytes, data from "
+                        "byte {}): truncated?", file.string(), t.name, bytes, t.offset, g->size_, g->data_offset_);
     }
   }
   return g;

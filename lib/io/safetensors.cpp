@@ -106,15 +106,15 @@ TensorInfo parse_entry(const std::string& origin, const std::string& name, const
     }
   }
 
-  // numel * itemsize, refusing shapes whose byte count does not fit in 64 bits.
-  uint64_t expected = 0;
-  if (!has_zero) {
-    expected = c10::elementSize(info.dtype);
-    for (const int64_t d : info.shape)
-      if (__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected))
-        fail<FormatError>("{}: shape {} of dtype {} overflows a 64-bit byte count", where, shape_str(info.shape),
-                          dtype.get<std::string>());
-  }
+  // numel * itemsize, refusing shapes whose byte count does not fit in 63 bits. The product of the non-zero
+  // dimensions is checked even when one is zero: LibTorch multiplies them all when it makes the tensor.
+  uint64_t product = c10::elementSize(info.dtype);
+  for (const int64_t d : info.shape)
+    if (d != 0 && (__builtin_mul_overflow(product, static_cast<uint64_t>(d), &product) ||
+                   product > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+      fail<FormatError>("{}: shape {} of dtype {} overflows a 64-bit byte count", where, shape_str(info.shape),
+                        dtype.get<std::string>());
+  const uint64_t expected = has_zero ? 0 : product;
 
   const Json& offsets = entry.at("data_offsets");
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -167,7 +167,9 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 void SafetensorsFile::map_file() {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  require_regular_file(path_, "safetensors file");
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; it is then refused as not a regular file.
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail<IoError>("cannot open '{}': {}", path_.string(), std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -396,8 +398,9 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
     if (!seen.insert(name).second) fail<FormatError>("{}: duplicate tensor name '{}'", origin, name);
     if (!t.defined()) fail<FormatError>("{}: tensor '{}' is undefined", origin, name);
     if (t.layout() != at::kStrided) fail<FormatError>("{}: tensor '{}' is not a dense (strided) tensor", origin, name);
+    const at::ScalarType scalar_type = t.scalar_type();  // (a lambda cannot capture a structured binding in C++17)
     const auto dtype = std::find_if(std::begin(kDtypes), std::end(kDtypes),
-                                    [&](const DtypeName& d) { return d.type == t.scalar_type(); });
+                                    [&](const DtypeName& d) { return d.type == scalar_type; });
     if (dtype == std::end(kDtypes))
       fail<FormatError>("{}: tensor '{}' has dtype {}, which cannot be stored (supported: {})", origin, name,
                         c10::toString(t.scalar_type()), kSupportedDtypes);
@@ -440,12 +443,14 @@ void save_safetensors(const fs::path& path, const std::vector<std::pair<std::str
   file.commit();
 }
 
-void write_checkpoint_folder(const fs::path& out_dir, const fs::path& source_dir,
+void write_checkpoint_folder(const fs::path& out_dir_given, const fs::path& source_dir,
                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                              const std::string& config_json) {
+  // "out/" names the folder "out": the temporary folder goes beside it, not inside it.
+  const fs::path out_dir = out_dir_given.has_filename() ? out_dir_given : out_dir_given.parent_path();
   const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  create_folders(parent);
   std::error_code ec;
-  fs::create_directories(parent, ec);
   const fs::path tmp = parent / fmt::format(".{}.tmp-{}", out_dir.filename().string(), getpid());
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -458,14 +463,7 @@ void write_checkpoint_folder(const fs::path& out_dir, const fs::path& source_dir
       if (fs::exists(source_dir / name)) fs::copy_file(source_dir / name, tmp / name);
     }
     write_file_atomic(tmp / "config.json", config_json);
-    if (fs::exists(out_dir)) {
-      const fs::path old = parent / fmt::format(".{}.old-{}", out_dir.filename().string(), getpid());
-      fs::rename(out_dir, old);
-      fs::rename(tmp, out_dir);
-      fs::remove_all(old, ec);
-    } else {
-      fs::rename(tmp, out_dir);
-    }
+    replace_folder(tmp, out_dir);  // an existing folder is swapped out in one step
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     fail<IoError>("cannot write {}: {}", out_dir.string(), e.what());

@@ -84,6 +84,7 @@ class Proto {
 }  // namespace
 
 SentencePieceVocab read_sentencepiece_vocab(const fs::path& file) {
+  require_regular_file(file, "sentencepiece model");
   std::ifstream in(file, std::ios::binary);
   if (!in) fail<IoError>("cannot read {}", file.string());
   const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -472,6 +473,7 @@ CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options) {
     if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected);
     throw FormatError(msg);
   }
+  warn_nonfinite_weights(model, file.string());
   model->eval();
   return model;
 }

@@ -362,7 +362,7 @@ std::optional<std::string> template_from_json(const Json& value, const std::stri
     if (!item.is_object() || !item.contains("name") || !item["name"].is_string() || !item.contains("template") ||
         !item["template"].is_string()) {
       fail<ConfigError>("{}: each entry of 'chat_template' must be {{\"name\": string, \"template\": string}}, got {}",
-                        origin, item.dump());
+                        origin, describe_json(item));
     }
     if (item["name"] == "default") return item["template"].get<std::string>();
     names.push_back(item["name"].get<std::string>());

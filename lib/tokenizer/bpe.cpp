@@ -382,7 +382,7 @@ Behavior parse_behavior(const Json& value, const std::string& where) {
     if (name == "Contiguous") return Behavior::kContiguous;
   }
   fail<FormatError>("{}.behavior: expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous, got {}",
-                    where, value.dump());
+                    where, describe_json(value));
 }
 
 // Unicode punctuation (general category P) or ASCII punctuation, as Hugging Face's Punctuation pre-tokenizer.
@@ -559,23 +559,23 @@ const Json& member(const Json& obj, const char* key, const std::string& where) {
 
 bool bool_or(const Json& obj, const char* key, bool fallback, const std::string& where) {
   if (!obj.contains(key) || obj.at(key).is_null()) return fallback;
-  if (!obj.at(key).is_boolean()) fail<FormatError>("{}.{}: expected true or false, got {}", where, key, obj.at(key).dump());
+  if (!obj.at(key).is_boolean()) fail<FormatError>("{}.{}: expected true or false, got {}", where, key, describe_json(obj.at(key)));
   return obj.at(key).get<bool>();
 }
 
 std::string string_of(const Json& value, const std::string& where) {
-  if (!value.is_string()) fail<FormatError>("{}: expected a string, got {}", where, value.dump());
+  if (!value.is_string()) fail<FormatError>("{}: expected a string, got {}", where, describe_json(value));
   return value.get<std::string>();
 }
 
 std::string type_of(const Json& obj, const std::string& where) {
-  if (!obj.is_object()) fail<FormatError>("{}: expected an object with a 'type', got {}", where, obj.dump());
+  if (!obj.is_object()) fail<FormatError>("{}: expected an object with a 'type', got {}", where, describe_json(obj));
   return string_of(member(obj, "type", where), where + ".type");
 }
 
 int id_of(const Json& value, const std::string& where) {
   if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT_MAX) {
-    fail<FormatError>("{}: expected a non-negative token id, got {}", where, value.dump());
+    fail<FormatError>("{}: expected a non-negative token id, got {}", where, describe_json(value));
   }
   return value.get<int>();
 }
@@ -614,7 +614,16 @@ struct BpeTokenizer::Impl {
 
   // ---- loading ----
 
+  // Ids index dense tables, so an id is refused when the entries of the file could not fill the table up to it:
+  // gaps may cover about half the ids (plus kIdSlack), never 2^31 slots for one token.
+  static constexpr size_t kIdSlack = 65536;
+  size_t id_limit = kIdSlack;
+
   void add_piece(int id, const std::string& piece) {
+    if (static_cast<size_t>(id) >= id_limit) {
+      fail<FormatError>("{}: token id {} of '{}' is far beyond the number of tokens defined (ids from 0 up to {} are "
+                        "accepted)", origin, id, piece.substr(0, 80), id_limit - 1);
+    }
     if (static_cast<size_t>(id) >= pieces.size()) {
       pieces.resize(id + 1);
       present.resize(id + 1, 0);
@@ -631,6 +640,7 @@ struct BpeTokenizer::Impl {
   void set_vocab(const Json& vocab, const std::string& where) {
     if (!vocab.is_object()) fail<FormatError>("{}: expected an object of token -> id", where);
     piece_ids.reserve(vocab.size() + 1024);
+    id_limit = 2 * vocab.size() + kIdSlack;
     for (const auto& [piece, id] : vocab.items()) {
       const int value = id_of(id, where + "['" + piece + "']");
       if (static_cast<size_t>(value) < present.size() && present[value]) {
@@ -726,7 +736,7 @@ struct BpeTokenizer::Impl {
         step.kind = PreStep::Kind::kSplitString;
         step.literal = string_of(pattern.at("String"), where + ".pattern.String");
       } else {
-        fail<FormatError>("{}.pattern: expected {{\"Regex\": ...}} or {{\"String\": ...}}, got {}", where, pattern.dump());
+        fail<FormatError>("{}.pattern: expected {{\"Regex\": ...}} or {{\"String\": ...}}, got {}", where, describe_json(pattern));
       }
       step.behavior = parse_behavior(member(node, "behavior", where), where);
       step.invert = bool_or(node, "invert", false, where);
@@ -768,7 +778,7 @@ struct BpeTokenizer::Impl {
       const Json& entry = processor.at("special_tokens").at(name);
       const Json& ids = member(entry, "ids", where + ".special_tokens['" + name + "']");
       if (!ids.is_array() || ids.size() != 1) {
-        fail<FormatError>("{}.special_tokens['{}'].ids: expected exactly one id, got {}", where, name, ids.dump());
+        fail<FormatError>("{}.special_tokens['{}'].ids: expected exactly one id, got {}", where, name, describe_json(ids));
       }
       return id_of(ids[0], where + ".special_tokens['" + name + "'].ids[0]");
     }
@@ -817,7 +827,7 @@ struct BpeTokenizer::Impl {
       } else if (item.is_string()) {
         special = item.get<std::string>();
       } else {
-        fail<FormatError>("{}: expected a SpecialToken or a Sequence, got {}", at, item.dump());
+        fail<FormatError>("{}: expected a SpecialToken or a Sequence, got {}", at, describe_json(item));
       }
       if (special) (seen_sequence ? after : before).push_back(template_token_id(node, *special, where));
     }
@@ -830,6 +840,7 @@ struct BpeTokenizer::Impl {
   }
 
   void set_added_tokens(std::vector<AddedToken> tokens) {
+    id_limit += 2 * tokens.size();
     for (const AddedToken& token : tokens) {
       add_piece(token.id, token.content);
       special[token.id] = token.special ? 1 : 0;
@@ -1155,11 +1166,11 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::from_json(const Json& root, const st
 
   if (model.contains("dropout") && !model.at("dropout").is_null() &&
       !(model.at("dropout").is_number() && model.at("dropout").get<double>() == 0.0)) {
-    fail<FormatError>("{}.dropout: BPE dropout ({}) is not supported", where, model.at("dropout").dump());
+    fail<FormatError>("{}.dropout: BPE dropout ({}) is not supported", where, describe_json(model.at("dropout")));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model.at(key).is_null() && model.at(key) != "") {
-      fail<FormatError>("{}.{}: '{}' is not supported with byte-level BPE", where, key, model.at(key).dump());
+      fail<FormatError>("{}.{}: '{}' is not supported with byte-level BPE", where, key, describe_json(model.at(key)));
     }
   }
   if (model.contains("unk_token") && !model.at("unk_token").is_null()) {
@@ -1187,7 +1198,7 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::from_json(const Json& root, const st
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       impl->add_merge(m[0].get<std::string>(), m[1].get<std::string>(), static_cast<int>(rank), where + ".merges");
     } else {
-      fail<FormatError>("{}: expected \"a b\" or [\"a\", \"b\"], got {}", at, m.dump());
+      fail<FormatError>("{}: expected \"a b\" or [\"a\", \"b\"], got {}", at, describe_json(m));
     }
   }
 

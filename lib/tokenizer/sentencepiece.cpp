@@ -70,13 +70,29 @@ void resolve(void* library, const std::string& path, const char* name, F& slot) 
   slot = reinterpret_cast<F>(symbol);
 }
 
+// AddressSanitizer refuses RTLD_DEEPBIND (its interceptors must see every call); sanitizer builds load the shim
+// without it, which is safe where LibTorch's protobuf is not in the process (the fuzz targets) and leaves
+// sentencepiece binding to the first protobuf loaded otherwise.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SWIFTCPP_NO_DEEPBIND 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define SWIFTCPP_NO_DEEPBIND 1
+#endif
+#endif
+#ifdef SWIFTCPP_NO_DEEPBIND
+constexpr int kDeepBind = 0;
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+
 ShimApi open_shim() {
   std::string tried;
   for (const fs::path& candidate : shim_candidates()) {
     // RTLD_DEEPBIND: the shim and libsentencepiece resolve symbols in their own dependencies first, so the
     // protobuf runtime linked into libsentencepiece binds to itself and not to LibTorch's protobuf. RTLD_LOCAL
     // keeps their symbols out of the global namespace for later libraries.
-    void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
     if (library == nullptr) {
       const char* error = dlerror();
       const std::string why = error ? error : "unknown dlopen error";
@@ -138,6 +154,7 @@ std::shared_ptr<SentencePieceTokenizer> SentencePieceTokenizer::load(const fs::p
   if (fs::is_directory(status)) {
     fail<IoError>("sentencepiece model '{}' is a folder, not a model file", model_file.string());
   }
+  require_regular_file(model_file, "sentencepiece model");
   const ShimApi& api = shim();
   std::array<char, kErrorSize> err{};
   swiftcpp_spm* handle = nullptr;
@@ -154,12 +171,93 @@ std::shared_ptr<SentencePieceTokenizer> SentencePieceTokenizer::load(const fs::p
   return std::shared_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(handle, model_file));
 }
 
+namespace {
+
+constexpr size_t kCutBytes = 16 * 1024;  // texts longer than this are encoded in pieces of about this size
+
+// The piece sentencepiece writes for a space ("▁", U+2581).
+const std::string kSpacePiece = "\xE2\x96\x81";
+
+bool ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+// Where a text may be cut: a single space whose neighbours are both in `cut_chars`; SIZE_MAX when there is no
+// such space in [from, to).
+size_t find_cut(std::string_view text, size_t from, size_t to, const std::bitset<128>& cut_chars, bool backwards) {
+  const auto ok = [&](size_t i) {
+    return i > 0 && i + 1 < text.size() && text[i] == ' ' && static_cast<unsigned char>(text[i - 1]) < 128 &&
+           static_cast<unsigned char>(text[i + 1]) < 128 && cut_chars[static_cast<unsigned char>(text[i - 1])] &&
+           cut_chars[static_cast<unsigned char>(text[i + 1])];
+  };
+  if (backwards) {
+    for (size_t i = to; i-- > from;) if (ok(i)) return i;
+  } else {
+    for (size_t i = from; i < to; ++i) if (ok(i)) return i;
+  }
+  return SIZE_MAX;
+}
+
+// Encodes `text` cut at spaces between characters of `cut_chars` into pieces of about `piece_bytes`; the space
+// at a cut is dropped (the next piece's dummy prefix stands for it).
+template <typename Encode>
+std::vector<int> encode_in_pieces(std::string_view text, size_t piece_bytes, const std::bitset<128>& cut_chars,
+                                  const Encode& encode_whole) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (text.size() - start > piece_bytes) {
+    const size_t target = start + piece_bytes;
+    size_t cut = find_cut(text, start + piece_bytes / 2, target, cut_chars, /*backwards=*/true);
+    if (cut == SIZE_MAX) cut = find_cut(text, target, text.size(), cut_chars, /*backwards=*/false);
+    if (cut == SIZE_MAX) break;
+    const std::vector<int> ids = encode_whole(text.substr(start, cut - start));
+    out.insert(out.end(), ids.begin(), ids.end());
+    start = cut + 1;
+  }
+  const std::vector<int> ids = encode_whole(text.substr(start));
+  out.insert(out.end(), ids.begin(), ids.end());
+  return out;
+}
+
+}  // namespace
+
 SentencePieceTokenizer::SentencePieceTokenizer(swiftcpp_spm* handle, fs::path model_file)
-    : handle_(handle), model_file_(std::move(model_file)), vocab_size_(shim().vocab_size(handle)) {}
+    : handle_(handle), model_file_(std::move(model_file)), vocab_size_(shim().vocab_size(handle)) {
+  // Long texts may be cut at "X Y" (X, Y ASCII letters or digits, both pieces of the model, and "▁" a piece too)
+  // when no piece has a "▁" after another character: the normalised text then holds "X▁Y", no piece can span
+  // X and "▁", and BPE merges and unigram segmentations on either side are independent. The right part's dummy
+  // prefix "▁" stands for the dropped space. A probe checks this on sample text; any doubt disables cutting.
+  try {
+    if (piece_to_id(kSpacePiece) < 0) return;
+    for (int id = 0; id < vocab_size_; ++id) {
+      const int kind = id_kind(id);
+      if (kind < 0 || (kind & (SWIFTCPP_SPM_KIND_CONTROL | SWIFTCPP_SPM_KIND_UNKNOWN | SWIFTCPP_SPM_KIND_BYTE)) != 0)
+        continue;
+      std::string_view piece;
+      const std::string text = id_to_piece(id);
+      piece = text;
+      while (piece.substr(0, kSpacePiece.size()) == kSpacePiece) piece.remove_prefix(kSpacePiece.size());
+      if (piece.find(kSpacePiece) != std::string_view::npos || piece.find(' ') != std::string_view::npos) return;
+    }
+    std::bitset<128> chars;
+    for (int c = 0; c < 128; ++c) {
+      if (ascii_alnum(static_cast<char>(c)) && piece_to_id(std::string(1, static_cast<char>(c))) >= 0) chars[c] = true;
+    }
+    const std::string probe =
+        "Once upon a time 42 little cats and 7 dogs lived in a big house by the sea a b c 1 2 3 X Y Z end";
+    const auto whole = [&](std::string_view t) { return encode_whole(t); };
+    if (encode_in_pieces(probe, 4, chars, whole) == encode_whole(probe)) cut_chars_ = chars;
+  } catch (const Error&) {
+    cut_chars_.reset();
+  }
+}
 
 SentencePieceTokenizer::~SentencePieceTokenizer() { shim().free(handle_); }
 
 std::vector<int> SentencePieceTokenizer::encode(const std::string& text) const {
+  if (text.size() <= kCutBytes || cut_chars_.none()) return encode_whole(text);
+  return encode_in_pieces(text, kCutBytes, cut_chars_, [&](std::string_view t) { return encode_whole(t); });
+}
+
+std::vector<int> SentencePieceTokenizer::encode_whole(std::string_view text) const {
   std::array<char, kErrorSize> err{};
   int* ids = nullptr;
   size_t n_ids = 0;

@@ -2,8 +2,10 @@
 // run time with RTLD_DEEPBIND so that its protobuf never meets LibTorch's in one symbol namespace.
 #pragma once
 
+#include <bitset>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/fs.h"
@@ -27,8 +29,18 @@ class SentencePieceTokenizer : public Tokenizer {
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
 
   /// Encodes UTF-8 text into ids without BOS/EOS. Sentencepiece's own normalisation applies, including the
-  /// dummy "▁" prefix when the model asks for one. Throws Error when sentencepiece fails.
+  /// dummy "▁" prefix when the model asks for one. Text longer than 16 KiB is encoded in pieces cut at single
+  /// spaces between ASCII letters or digits, when loading found that no piece of the model can span such a
+  /// space (the result is then the same as one call; sentencepiece's cost and memory grow faster than
+  /// linearly in the length of one call). Throws Error when sentencepiece fails.
   std::vector<int> encode(const std::string& text) const override;
+
+  /// Encodes the whole text in one sentencepiece call (what encode() gives, without cutting long texts).
+  /// Throws Error when sentencepiece fails.
+  std::vector<int> encode_whole(std::string_view text) const;
+
+  /// Whether encode() cuts long texts (see encode()). Does not throw.
+  bool cuts_long_texts() const { return cut_chars_.any(); }
   /// Decodes ids into text; control ids (BOS, EOS) decode to nothing and the dummy prefix space is dropped.
   /// Throws Error when an id is outside [0, vocab_size()).
   std::string decode(const std::vector<int>& ids) const override;
@@ -65,6 +77,7 @@ class SentencePieceTokenizer : public Tokenizer {
   swiftcpp_spm* handle_;
   fs::path model_file_;
   int vocab_size_ = 0;
+  std::bitset<128> cut_chars_;  // ASCII characters a cut may have on both sides of its space (none: never cut)
 };
 
 }  // namespace swiftcpp

@@ -191,7 +191,7 @@ std::optional<std::vector<int>> find_id_list(const JsonObject& obj, const std::s
   const Json& value = obj.raw().at(key);
   const auto bad = [&]() {
     fail<ConfigError>("{}: key '{}' must be a token id or a list of token ids, got {}", obj.origin(), key,
-                      value.dump());
+                      describe_json(value));
   };
   std::vector<int> ids;
   if (value.is_number_integer()) {
@@ -228,7 +228,7 @@ std::optional<int> find_token(const JsonObject& obj, const std::string& key, con
     content = value.at("content").get<std::string>();
   } else {
     fail<ConfigError>("{}: key '{}' must be a token string or an object with a 'content' string, got {}",
-                      obj.origin(), key, value.dump());
+                      obj.origin(), key, describe_json(value));
   }
   if (obj.has("added_tokens_decoder") && obj.raw().at("added_tokens_decoder").is_object()) {
     for (const auto& [id_text, entry] : obj.raw().at("added_tokens_decoder").items()) {
@@ -258,9 +258,11 @@ std::vector<AddedToken> added_tokens_decoder(const JsonObject& obj) {
   const Json& map = obj.raw().at("added_tokens_decoder");
   if (!map.is_object()) {
     fail<ConfigError>("{}: key 'added_tokens_decoder' must be an object of id -> token, got {}", obj.origin(),
-                      map.dump());
+                      describe_json(map));
   }
-  for (const auto& [id_text, entry] : map.items()) {
+  for (auto item = map.begin(); item != map.end(); ++item) {
+    const std::string& id_text = item.key();
+    const Json& entry = item.value();
     AddedToken token;
     try {
       size_t used = 0;
@@ -273,14 +275,14 @@ std::vector<AddedToken> added_tokens_decoder(const JsonObject& obj) {
     if (!entry.is_object() || !entry.contains("content") || !entry.at("content").is_string() ||
         entry.at("content").get<std::string>().empty()) {
       fail<ConfigError>("{}: added_tokens_decoder['{}'] must be an object with a non-empty 'content' string, got {}",
-                        obj.origin(), id_text, entry.dump());
+                        obj.origin(), id_text, describe_json(entry));
     }
     token.content = entry.at("content").get<std::string>();
     const auto flag = [&](const char* key, bool fallback) {
       if (!entry.contains(key) || entry.at(key).is_null()) return fallback;
       if (!entry.at(key).is_boolean()) {
         fail<ConfigError>("{}: added_tokens_decoder['{}'].{} must be a boolean, got {}", obj.origin(), id_text, key,
-                          entry.at(key).dump());
+                          describe_json(entry.at(key)));
       }
       return entry.at(key).get<bool>();
     };

@@ -71,6 +71,9 @@ ConfigSchema<TrainConfig> make_schema() {
       .number("adam_epsilon", &C::adam_epsilon, "AdamW epsilon", 0.0, 1.0)
       .number("weight_decay", &C::weight_decay, "decoupled weight decay (not on norms and biases)", 0.0, 10.0)
       .number("max_grad_norm", &C::max_grad_norm, "clip gradients to this global L2 norm (0: no clipping)", 0.0)
+      .boolean("skip_nonfinite_loss", &C::skip_nonfinite_loss, "a step whose loss is NaN or infinite: false stops "
+               "the run with an error naming the step (the last checkpoint stays as it was), true drops that step's "
+               "gradients without an optimizer update and logs the skip")
       .string("lr_scheduler_type", &C::lr_scheduler_type, "learning-rate schedule after warm-up", {"cosine", "linear", "constant"})
       .number("warmup_ratio", &C::warmup_ratio, "warm-up steps as a share of all steps", 0.0, 1.0)
       .integer("warmup_steps", &C::warmup_steps, "warm-up steps (overrides warmup_ratio when > 0)", 0, kMaxInt)

@@ -62,6 +62,7 @@ struct TrainConfig {
   double adam_epsilon = 1e-8;
   double weight_decay = 0.1;
   double max_grad_norm = 1.0;
+  bool skip_nonfinite_loss = false;  // a step whose loss is NaN/Inf: false stops the run, true drops that step
   std::string lr_scheduler_type = "cosine";
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;

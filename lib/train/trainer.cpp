@@ -81,9 +81,7 @@ std::string utc_stamp() {
 
 // output_dir/vN-YYYYMMDD-HHMMSS with N one above the highest existing version.
 fs::path new_run_dir(const fs::path& output_dir) {
-  std::error_code ec;
-  fs::create_directories(output_dir, ec);
-  if (ec) fail<IoError>("cannot create output_dir {}: {}", output_dir.string(), ec.message());
+  create_folders(output_dir);
   static const std::regex version(R"(v(\d+)-.*)");
   int64_t next = 0;
   for (const auto& entry : fs::directory_iterator(output_dir)) {
@@ -93,6 +91,7 @@ fs::path new_run_dir(const fs::path& output_dir) {
   }
   for (;; ++next) {
     const fs::path dir = output_dir / fmt::format("v{}-{}", next, utc_stamp());
+    std::error_code ec;
     if (fs::create_directory(dir, ec)) return dir;
     if (ec) fail<IoError>("cannot create run folder {}: {}", dir.string(), ec.message());
   }
@@ -130,15 +129,15 @@ std::string dataset_path(const std::string& spec) {
 Json read_json_lines(const fs::path& file) {
   Json out = Json::array();
   if (!fs::exists(file)) return out;
+  require_regular_file(file, "training log");
   std::ifstream in(file);
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    try {
-      out.push_back(Json::parse(line));
-    } catch (const Json::exception&) {
-      break;  // a line cut by a hard kill: everything before it is intact
-    }
+    Json row;
+    std::string error;
+    if (!try_parse_json(line, row, error)) break;  // a line cut by a hard kill: everything before it is intact
+    out.push_back(std::move(row));
   }
   return out;
 }
@@ -444,6 +443,19 @@ void Trainer::finish_step(StepResult& r, const at::Tensor& loss_sum, const at::T
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);
   r.learning_rate = scheduled_lr(config_.lr_scheduler_type, config_.learning_rate, global_step,
                                  warmup_steps(total_steps), total_steps);
+  // A NaN/Inf loss or gradient never reaches the weights. Every rank sees the same loss (all-reduced) and the same
+  // summed gradients, so all of them take the same branch.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+    if (!config_.skip_nonfinite_loss) {
+      fail<Error>("step {}: the training {} is {}; stopped before the optimizer update, so the weights and the last "
+                  "checkpoint are as they were (check the model's weights for NaN/Inf, lower learning_rate, or set "
+                  "skip_nonfinite_loss: true to skip such steps)", global_step + 1,
+                  std::isfinite(r.loss) ? "gradient norm" : "loss", std::isfinite(r.loss) ? r.grad_norm : r.loss);
+    }
+    r.skipped = true;
+    return;
+  }
   optimizer_->step(r.learning_rate);
   broadcast_updated();
 }
@@ -589,49 +601,49 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
     comm->barrier();
     return final_dir;
   }
+  // Everything goes into a hidden temporary folder (never matched by complete_checkpoints) that replaces
+  // checkpoint-<step> in one rename; a failure removes it, a kill leaves it hidden and the old checkpoint intact.
   const fs::path tmp = run_dir / fmt::format(".checkpoint-{}.tmp-{}", state.global_step, getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
-  if (trainer.is_lora()) {
-    save_adapter(tmp, trainer.model(), trainer.lora_config());
-  } else {
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const auto& item : trainer.model()->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach());
-    save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
-    copy_model_files(c.model, tmp);
-  }
-  if (!c.save_only_model) {
-    save_safetensors(tmp / "optimizer.safetensors", opt.first, {{"step", std::to_string(opt.second)}});
-    save_safetensors(tmp / "rng_state.safetensors", rng_states,
-                     {{"world_size", std::to_string(comm != nullptr ? comm->size() : 1)}});
-    Json ts = {{"global_step", state.global_step},
-               {"total_steps", state.total_steps},
-               {"steps_per_epoch", state.steps_per_epoch},
-               {"epoch", static_cast<double>(state.global_step) / static_cast<double>(state.steps_per_epoch)},
-               {"optimizer_steps", opt.second},
-               {"world_size", comm != nullptr ? comm->size() : 1},
-               {"fingerprint", state.fingerprint}};
-    write_file_atomic(tmp / "trainer_state.json", ts.dump(2) + "\n");
-  }
-  if (fs::exists(args_json)) fs::copy_file(args_json, tmp / "args.json", fs::copy_options::overwrite_existing, ec);
-  if (fs::exists(final_dir)) {
-    const fs::path old = run_dir / fmt::format(".checkpoint-{}.old-{}", state.global_step, getpid());
-    fs::rename(final_dir, old, ec);
-    if (ec) fail<IoError>("cannot replace {}: {}", final_dir.string(), ec.message());
-    fs::rename(tmp, final_dir, ec);
-    if (ec) fail<IoError>("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
-    fs::remove_all(old, ec);
-  } else {
-    fs::rename(tmp, final_dir, ec);
-    if (ec) fail<IoError>("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+  try {
+    if (trainer.is_lora()) {
+      save_adapter(tmp, trainer.model(), trainer.lora_config());
+    } else {
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (const auto& item : trainer.model()->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach());
+      save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+      copy_model_files(c.model, tmp);
+    }
+    if (!c.save_only_model) {
+      save_safetensors(tmp / "optimizer.safetensors", opt.first, {{"step", std::to_string(opt.second)}});
+      save_safetensors(tmp / "rng_state.safetensors", rng_states,
+                       {{"world_size", std::to_string(comm != nullptr ? comm->size() : 1)}});
+      Json ts = {{"global_step", state.global_step},
+                 {"total_steps", state.total_steps},
+                 {"steps_per_epoch", state.steps_per_epoch},
+                 {"epoch", static_cast<double>(state.global_step) / static_cast<double>(state.steps_per_epoch)},
+                 {"optimizer_steps", opt.second},
+                 {"world_size", comm != nullptr ? comm->size() : 1},
+                 {"fingerprint", state.fingerprint}};
+      write_file_atomic(tmp / "trainer_state.json", ts.dump(2) + "\n");
+    }
+    if (fs::exists(args_json)) fs::copy_file(args_json, tmp / "args.json", fs::copy_options::overwrite_existing, ec);
+    replace_folder(tmp, final_dir);  // an earlier checkpoint-<step> is swapped out in the same step
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
   if (c.save_total_limit > 0) {
     auto all = complete_checkpoints(run_dir);
     while (static_cast<int64_t>(all.size()) > c.save_total_limit) {
       if (all.begin()->second == final_dir) break;
-      fs::remove_all(all.begin()->second, ec);
+      // Hidden first, so a kill during the removal leaves no half-deleted checkpoint-<step> for a resume to find.
+      const fs::path doomed = run_dir / fmt::format(".{}.old-{}", all.begin()->second.filename().string(), getpid());
+      fs::rename(all.begin()->second, doomed, ec);
+      fs::remove_all(ec ? all.begin()->second : doomed, ec);
       all.erase(all.begin());
     }
   }
@@ -876,6 +888,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   std::vector<size_t> order;
   double window_loss = 0, window_acc = 0, window_tokens = 0, window_seconds = 0;
   int64_t window_steps = 0, window_peak_bytes = 0;
+  int64_t window_trained = 0, window_skipped = 0;  // steps of the window that updated the weights / were skipped
   std::vector<double> window_rank_compute(static_cast<size_t>(world), 0.0);  // per rank: forward+backward seconds
   double window_modelled = 0;  // scheduler: the cost model's step time of the plans, summed
   int64_t window_sharded = 0;  // scheduler: samples sharded over a context-parallel group
@@ -1007,8 +1020,17 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     ++steps_done;
     train_seconds += seconds;
     result.losses.push_back(r.loss);
-    window_loss += r.loss;
-    window_acc += r.token_acc;
+    if (r.skipped) {  // skip_nonfinite_loss: nothing was learned; the window's averages leave the step out
+      ++window_skipped;
+      append_log({{"global_step", global_step}, {"skipped", true},
+                  {"reason", fmt::format("loss {}, gradient norm {}", r.loss, r.grad_norm)}});
+      progress.message(fmt::format("step {}: loss {}, gradient norm {}: skipped (skip_nonfinite_loss), no update",
+                                   global_step, r.loss, r.grad_norm));
+    } else {
+      window_loss += r.loss;
+      window_acc += r.token_acc;
+      ++window_trained;
+    }
     window_tokens += static_cast<double>(r.real_tokens);
     window_seconds += seconds;
     window_modelled += modelled_s;
@@ -1021,10 +1043,10 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     bool stopping = hooks.stop != nullptr && hooks.stop->load();
     if (comm) stopping = comm->all_reduce_sum(std::vector<double>{stopping ? 1.0 : 0.0})[0] > 0;  // all stop together
     if (global_step % config.logging_steps == 0 || last_step || stopping) {
-      Json record = {{"loss", window_loss / window_steps},
+      Json record = {{"loss", window_loss / std::max<int64_t>(1, window_trained)},
                   {"grad_norm", r.grad_norm},
                   {"learning_rate", r.learning_rate},
-                  {"token_acc", window_acc / window_steps},
+                  {"token_acc", window_acc / std::max<int64_t>(1, window_trained)},
                   {"epoch", static_cast<double>(global_step) / static_cast<double>(state.steps_per_epoch)},
                   {"global_step", global_step},
                   {"tokens_per_s", window_tokens / std::max(1e-9, window_seconds)},
@@ -1042,7 +1064,14 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
           record["sharded_samples"] = window_sharded;
         }
       }
+      if (r.skipped) record.erase("grad_norm");  // NaN/Inf has no JSON form
+      if (window_trained == 0) {  // every step of the window was skipped: no loss to report
+        record.erase("loss");
+        record.erase("token_acc");
+      }
+      if (window_skipped > 0) record["skipped_steps"] = window_skipped;
       append_log(record);
+      window_skipped = window_trained = 0;
       window_loss = window_acc = window_tokens = window_seconds = window_modelled = 0;
       window_sharded = 0;
       std::fill(window_rank_compute.begin(), window_rank_compute.end(), 0.0);
@@ -1073,11 +1102,15 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   // The loss curve of the whole run (records before a resume included).
   Series train_curve{"train loss", {}, {}, ""}, eval_curve{"validation loss", {}, {}, ""};
   for (const auto& record : history) {
-    if (record.contains("loss")) {
+    // NaN/Inf (written to the log as null) has no place on the curve.
+    const auto finite = [&](const char* key) {
+      return record.contains(key) && record[key].is_number() && std::isfinite(record[key].get<double>());
+    };
+    if (finite("loss")) {
       train_curve.x.push_back(record["global_step"].get<double>());
       train_curve.y.push_back(record["loss"].get<double>());
     }
-    if (record.contains("eval_loss")) {
+    if (finite("eval_loss")) {
       eval_curve.x.push_back(record["global_step"].get<double>());
       eval_curve.y.push_back(record["eval_loss"].get<double>());
     }

@@ -34,6 +34,7 @@ struct StepResult {
   int64_t forwards = 0;  // model forwards this step ran (ChunkFlow's recomputations included)
   double compute_s = 0;  // this rank's forward and backward time, before the gradient reduction
   std::vector<double> rank_compute_s;  // [world] every rank's compute_s (several processes only)
+  bool skipped = false;  // the loss or gradient norm was NaN/Inf and skip_nonfinite_loss dropped the step
 };
 
 /// This rank's shard of a sequence sharded over a context-parallel group: its tokens (position_ids from the
@@ -60,6 +61,9 @@ class Trainer {
   /// configured), then of every shard of a context-parallel sequence in order (each a collective of its CP group,
   /// run even when the shard has no label token), the loss normalised by the label tokens of all of them together
   /// (every rank's), clipping, AdamW with the scheduled rate of step `global_step` out of `total_steps`.
+  /// When the step's loss or gradient norm is NaN or infinite the weights and the optimizer are left as they were:
+  /// with config.skip_nonfinite_loss the gradients are dropped and the result says `skipped`, otherwise Error is
+  /// thrown naming the step (global_step + 1, as the logs count).
   StepResult step(const std::vector<Batch>& micro_batches, int64_t global_step, int64_t total_steps,
                   const std::vector<ShardBatch>& shards = {});
 

@@ -69,7 +69,7 @@ std::vector<ChunkTuneResult> tune_chunks(const TrainConfig& config, const ChunkT
     std::ifstream log(r.run_dir / "logging.jsonl");
     std::string line;
     while (std::getline(log, line)) {
-      const Json j = Json::parse(line);
+      const Json j = parse_json(line, (r.run_dir / "logging.jsonl").string());
       if (!j.contains("loss")) continue;
       peak = std::max(peak, j.value("peak_memory_bytes", int64_t{0}));
       if (j.value("global_step", int64_t{0}) > 1) tps.push_back(j.value("tokens_per_s", 0.0));

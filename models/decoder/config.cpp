@@ -1,5 +1,8 @@
 #include "models/decoder/config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "core/json.h"
 
 namespace swiftcpp {
@@ -32,7 +35,7 @@ std::vector<int64_t> parse_token_list(const JsonObject& json, const std::string&
   if (v.is_array()) {
     std::vector<int64_t> ids;
     for (const auto& e : v) {
-      if (!e.is_number_integer()) fail<ConfigError>("{}: '{}' must hold integers, got {}", json.origin(), key, v.dump());
+      if (!e.is_number_integer()) fail<ConfigError>("{}: '{}' must hold integers, got {}", json.origin(), key, describe_json(e));
       ids.push_back(e.get<int64_t>());
     }
     return ids;
@@ -44,9 +47,17 @@ std::vector<int64_t> parse_token_list(const JsonObject& json, const std::string&
 DecoderConfig parse_llama_family_config(const JsonObject& json) {
   DecoderConfig c;
   c.model_type = json.get<std::string>("model_type");
-  if (json.has("architectures") && json.raw().at("architectures").is_array() &&
-      !json.raw().at("architectures").empty()) {
-    c.architecture = json.raw().at("architectures").at(0).get<std::string>();
+  if (json.has("architectures")) {
+    const Json& names = json.raw().at("architectures");
+    if (!names.is_array()) {
+      fail<ConfigError>("{}: key 'architectures' must be a list of strings, got {}", json.origin(), describe_json(names));
+    }
+    for (const Json& name : names) {
+      if (!name.is_string()) {
+        fail<ConfigError>("{}: key 'architectures' must hold strings, got {}", json.origin(), describe_json(name));
+      }
+    }
+    if (!names.empty()) c.architecture = names.at(0).get<std::string>();
   }
   c.vocab_size = json.get<int64_t>("vocab_size");
   c.hidden_size = json.get<int64_t>("hidden_size");
@@ -71,26 +82,84 @@ DecoderConfig parse_llama_family_config(const JsonObject& json) {
 }
 
 void DecoderConfig::validate(const std::string& origin) const {
-  auto positive = [&](int64_t v, const char* key) {
+  // Every size first, against a bound far above any published checkpoint: nothing below is computed (and nothing
+  // is allocated) from a size that is not in its range.
+  auto bounded = [&](int64_t v, const char* key, int64_t limit) {
     if (v <= 0) fail<ConfigError>("{}: '{}' must be > 0, got {}", origin, key, v);
+    if (v > limit) fail<ConfigError>("{}: '{}' is {}; at most {} is supported", origin, key, v, limit);
   };
-  positive(vocab_size, "vocab_size");
-  positive(hidden_size, "hidden_size");
-  positive(intermediate_size, "intermediate_size");
-  positive(num_hidden_layers, "num_hidden_layers");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(num_key_value_heads, "num_key_value_heads");
-  positive(head_dim, "head_dim");
+  bounded(vocab_size, "vocab_size", kMaxVocabSize);
+  bounded(hidden_size, "hidden_size", kMaxHiddenSize);
+  bounded(intermediate_size, "intermediate_size", kMaxIntermediateSize);
+  bounded(num_hidden_layers, "num_hidden_layers", kMaxLayers);
+  bounded(num_attention_heads, "num_attention_heads", kMaxHeads);
+  bounded(num_key_value_heads, "num_key_value_heads", kMaxHeads);
+  bounded(head_dim, "head_dim", kMaxHeadDim);
+  bounded(max_position_embeddings, "max_position_embeddings", kMaxPositions);
+  if (sliding_window < 0 || sliding_window > kMaxPositions) {
+    fail<ConfigError>("{}: 'sliding_window' must be in [0, {}], got {}", origin, kMaxPositions, sliding_window);
+  }
+  if (rope_scaling.type == "llama3" && (rope_scaling.original_max_position_embeddings <= 0 ||
+                                        rope_scaling.original_max_position_embeddings > kMaxPositions)) {
+    fail<ConfigError>("{}: 'rope_scaling.original_max_position_embeddings' must be in [1, {}], got {}", origin,
+                      kMaxPositions, rope_scaling.original_max_position_embeddings);
+  }
+  const int64_t count = parameter_count();
+  if (count < 0 || count > kMaxParameters) {
+    fail<ConfigError>("{}: the sizes describe a model of {} parameters; at most {} are supported (vocab_size {}, "
+                      "hidden_size {}, intermediate_size {}, num_hidden_layers {}, num_attention_heads {}, head_dim {})",
+                      origin, count < 0 ? std::string("more than 2^63") : std::to_string(count), kMaxParameters,
+                      vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, head_dim);
+  }
   if (num_attention_heads % num_key_value_heads != 0) {
     fail<ConfigError>("{}: num_key_value_heads ({}) must divide num_attention_heads ({})", origin,
                       num_key_value_heads, num_attention_heads);
   }
   if (head_dim % 2 != 0) fail<ConfigError>("{}: head_dim must be even for rotary embeddings, got {}", origin, head_dim);
-  if (rms_norm_eps <= 0) fail<ConfigError>("{}: rms_norm_eps must be > 0", origin);
-  if (rope_theta <= 0) fail<ConfigError>("{}: rope_theta must be > 0", origin);
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
+    fail<ConfigError>("{}: 'rms_norm_eps' must be a finite number > 0, got {}", origin, rms_norm_eps);
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    fail<ConfigError>("{}: 'rope_theta' must be a finite number > 0, got {}", origin, rope_theta);
+  }
+  if (rope_scaling.type != "default") {
+    for (const auto& [key, v] : {std::pair<const char*, double>{"factor", rope_scaling.factor},
+                                 {"low_freq_factor", rope_scaling.low_freq_factor},
+                                 {"high_freq_factor", rope_scaling.high_freq_factor}}) {
+      if (!std::isfinite(v)) fail<ConfigError>("{}: 'rope_scaling.{}' must be a finite number, got {}", origin, key, v);
+    }
+    if (!(rope_scaling.factor > 0)) {
+      fail<ConfigError>("{}: 'rope_scaling.factor' must be > 0, got {}", origin, rope_scaling.factor);
+    }
+  }
   if (hidden_act != "silu" && hidden_act != "swish") {
     fail<ConfigError>("{}: hidden_act '{}' is not supported (supported: silu)", origin, hidden_act);
   }
+}
+
+int64_t DecoderConfig::parameter_count() const {
+  // Checked arithmetic throughout: -1 on overflow, so absurd sizes cannot wrap into a small count.
+  bool overflow = false;
+  const auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow = overflow || __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  const auto add = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow = overflow || __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t q = mul(mul(num_attention_heads, head_dim), hidden_size);
+  const int64_t kv = mul(mul(num_key_value_heads, head_dim), hidden_size);
+  int64_t layer = add(add(q, q), add(kv, kv));                 // q, o; k, v
+  layer = add(layer, mul(3, mul(hidden_size, intermediate_size)));  // gate, up, down
+  layer = add(layer, mul(2, hidden_size));                          // the two norms
+  int64_t total = mul(layer, num_hidden_layers);
+  const int64_t embedding = mul(vocab_size, hidden_size);
+  total = add(total, tie_word_embeddings ? embedding : add(embedding, embedding));
+  total = add(total, hidden_size);  // final norm
+  return overflow ? -1 : total;
 }
 
 }  // namespace swiftcpp

@@ -12,6 +12,18 @@ namespace swiftcpp {
 
 class JsonObject;
 
+// Bounds of the config.json sizes validate() accepts: far above any published checkpoint (the largest dense
+// Llama-family models have vocabularies of 256k, hidden sizes of 16k, 126 layers and contexts of 1M), low enough
+// that shapes and products of them cannot overflow and that nothing absurd is built or allocated.
+constexpr int64_t kMaxVocabSize = int64_t{1} << 24;         // 16,777,216
+constexpr int64_t kMaxHiddenSize = int64_t{1} << 20;        // 1,048,576
+constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;  // 4,194,304
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxHeadDim = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;         // max_position_embeddings, sliding_window
+constexpr int64_t kMaxParameters = int64_t{1} << 40;        // 1,099,511,627,776 (parameter_count())
+
 /// Everything the shared decoder needs to know about one checkpoint.
 struct DecoderConfig {
   std::string model_type;      // registry key: llama, mistral, qwen2, qwen3
@@ -37,9 +49,14 @@ struct DecoderConfig {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
 
-  /// Checks the invariants between fields (GQA divisibility, positive sizes, even head_dim).
-  /// Throws ConfigError naming `origin` and the offending key.
+  /// Checks every size against its bound (kMax* above), the parameter count against kMaxParameters, the
+  /// invariants between fields (GQA divisibility, even head_dim) and that the floating-point settings are finite.
+  /// Throws ConfigError naming `origin`, the offending key and the limit.
   void validate(const std::string& origin) const;
+
+  /// Weights of the embeddings, the linear layers (biases aside), the norms and an untied lm_head, computed in
+  /// checked arithmetic: -1 when the count does not fit an int64.
+  int64_t parameter_count() const;
 };
 
 /// Reads the fields every Llama-family config.json shares (sizes, norms, rotary, tying, token ids).

@@ -5,10 +5,12 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "core/error.h"
+#include "core/runtime.h"
 #include "core/text.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
@@ -165,7 +167,10 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 
 CausalLMImpl::CausalLMImpl(DecoderConfig config)
     : config_(std::move(config)),
-      rotary_(config_.head_dim, config_.rope_theta, config_.rope_scaling, config_.max_position_embeddings) {
+      // The rotary tables start at most kInitialRotaryPositions long and grow with the positions used, so a long
+      // max_position_embeddings costs nothing until a sequence that long runs.
+      rotary_(config_.head_dim, config_.rope_theta, config_.rope_scaling,
+              std::min<int64_t>(config_.max_position_embeddings, kInitialRotaryPositions)) {
   model = register_module("model", DecoderBody(config_));
   if (!config_.tie_word_embeddings) {
     lm_head = register_module("lm_head", nn::Linear(config_.hidden_size, config_.vocab_size, false));
@@ -259,6 +264,45 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptio
   return logits(hidden_states(input_ids, options));
 }
 
+bool all_finite(const at::Tensor& tensor) {
+  if (!tensor.defined() || !at::isFloatingType(tensor.scalar_type()) || tensor.numel() == 0) return true;
+  // Chunks of a flat view, min and max in one pass each (both become NaN when a NaN is among the values): no
+  // temporary as large as the tensor.
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  const at::Tensor flat = tensor.contiguous().view({-1});
+  at::NoGradGuard no_grad;
+  for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+    at::Tensor part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start));
+    if (part.scalar_type() == at::kHalf) part = part.to(at::kFloat);  // LibTorch 1.13 has no CPU aminmax for it
+    const auto [lo, hi] = at::aminmax(part);
+    const at::Tensor both = at::stack({lo, hi}).to(at::kCPU, at::kDouble);
+    const double* v = both.data_ptr<double>();
+    if (!std::isfinite(v[0]) || !std::isfinite(v[1])) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> nonfinite_weights(CausalLM& model) {
+  std::vector<std::string> names;
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    if (!all_finite(item.value())) names.push_back(item.key());
+  }
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    const auto* linear = item.value()->as<nn::Linear>();
+    if (linear != nullptr && linear->packed && !all_finite(linear->packed->scales)) {
+      names.push_back(item.key() + ".scales");
+    }
+  }
+  return names;
+}
+
+void warn_nonfinite_weights(CausalLM& model, const std::string& origin) {
+  const std::vector<std::string> names = nonfinite_weights(model);
+  if (names.empty()) return;
+  warn(fmt::format("{}: {} weight tensor{} hold NaN or Inf values, so outputs computed from them will be NaN or "
+                   "garbage: {}", origin, names.size(), names.size() == 1 ? "" : "s", list_names(names)));
+}
+
 namespace {
 // Buffers Hugging Face sometimes saves that the decoder recomputes.
 bool ignorable(const std::string& name) {
@@ -348,6 +392,7 @@ void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::stri
     const bool as_is = options.device.is_cpu() && source.scalar_type() == options.dtype && source.is_contiguous();
     item.value().set_data(as_is ? source : source.to(options.device, options.dtype).contiguous());
   }
+  warn_nonfinite_weights(model, origin);
 }
 
 CausalLM load_causal_lm(const fs::path& model_dir, const LoadOptions& options) {

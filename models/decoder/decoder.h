@@ -117,6 +117,9 @@ class CausalLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalLM);
 
+/// Length the rotary tables of a new model start at (they grow with the positions used).
+constexpr int64_t kInitialRotaryPositions = 4096;
+
 /// Where and in which dtype to load a model.
 struct LoadOptions {
   at::Device device = at::Device(at::kCPU);
@@ -125,9 +128,22 @@ struct LoadOptions {
 
 /// Sets every parameter of `model` from `checkpoint` (names as Hugging Face writes them), on the device and in
 /// the dtype of `options`; CPU tensors already in that dtype are used in place (copy-on-write file views).
-/// Throws ModelError naming the checkpoint and listing missing, unexpected and misshaped tensors.
+/// Every shape is checked before anything is copied; weights that hold NaN or Inf raise a warning naming them
+/// (warn_nonfinite_weights). Throws ModelError naming the checkpoint and listing missing, unexpected and misshaped
+/// tensors.
 void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::string& origin,
                   const LoadOptions& options = {});
+
+/// Whether every value of a floating-point `tensor` is finite (integer and undefined tensors are). Reads the
+/// tensor in chunks, without a temporary of its size. Throws nothing of its own.
+bool all_finite(const at::Tensor& tensor);
+
+/// Names of the parameters of `model` (and the scales of its packed layers) that hold NaN or Inf.
+std::vector<std::string> nonfinite_weights(CausalLM& model);
+
+/// Raises one warning (core/runtime.h's warn) naming `origin` and the tensors of `model` that hold NaN or Inf;
+/// nothing when every weight is finite. load_weights and the GGUF loader call it after loading.
+void warn_nonfinite_weights(CausalLM& model, const std::string& origin);
 
 /// Reads config.json through the registry, builds the decoder and loads the safetensors weights.
 /// Throws the errors of load_decoder_config, Checkpoint::open and load_weights.

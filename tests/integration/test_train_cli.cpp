@@ -36,7 +36,9 @@ fs::path only_run_dir(const fs::path& out) {
   return runs.empty() ? fs::path() : runs[0];
 }
 
-// "step: loss" of every training record of logging.jsonl, as logged (exact text of the double).
+// "step: loss" of every training record of logging.jsonl, as logged (exact text of the double). Compared exactly only
+// between runs of one configuration at one thread count: a resumed run repeats the uninterrupted run's operations in
+// the same order (that is what exact resume promises), so even thread-split sums round the same way.
 std::vector<std::string> logged_losses(const fs::path& run_dir) {
   std::vector<std::string> out;
   std::ifstream in(run_dir / "logging.jsonl");
@@ -56,7 +58,7 @@ int run_and_signal(const fs::path& out, const std::string& signal, const std::st
       "{} {} >{}/log.txt 2>&1 & pid=$!; "
       "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
       "kill -{} $pid; wait $pid",
-      SWIFTCPP_BINARY, train_args(out, extra), out.string(), out.string(), signal);
+      SWIFTCPP_BINARY, test::with_test_threads(train_args(out, extra)), out.string(), out.string(), signal);
   const int status = std::system(("bash -c '" + cmd + "'").c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

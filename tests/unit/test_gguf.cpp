@@ -111,6 +111,7 @@ TEST(GgufFile, RoundTripsEveryMetadataTypeAndTensorType) {
   torch::manual_seed(1);
   const at::Tensor m = at::randn({3, 64}), h = at::randn({2, 32}), q8 = at::randn({5, 64}), q4 = at::randn({1, 32}),
                    v = at::randn({7});
+  // Exact: F32 and F16 are stored bytes (F16 compared with the same conversion).
   EXPECT_TRUE(at::equal(g->tensor("matrix"), m));
   EXPECT_EQ(g->find_tensor("matrix")->dims, (std::vector<int64_t>{64, 3}));  // innermost first
   EXPECT_TRUE(at::equal(g->tensor("half"), h.to(at::kHalf).to(at::kFloat)));
@@ -173,6 +174,7 @@ TEST(GgufModel, Stories260KExportsAndReadsBackWithTheSameLogits) {
   CausalLM back = load_gguf_model(dir / "f32.gguf");
   const at::Tensor ids = at::tensor({1, 403, 407, 261, 378, 506, 91, 12}, at::kLong).unsqueeze(0);
   at::NoGradGuard no_grad;
+  // Exact: the same float32 weights through the same decoder in one process.
   EXPECT_TRUE(at::equal(back->forward(ids), hf->forward(ids)));
 
   // Q8_0: stories260K's down_proj rows (172) do not divide into blocks of 32: F16 there, Q8_0 elsewhere.
@@ -221,7 +223,7 @@ TEST(GgufModel, InferRunsAGgufFileLikeTheCheckpointItCameFrom) {
   const std::string args = "--threads 1 infer --prompt \"Lily and Tom\" --temperature 0 --max-new-tokens 24";
   // stdout only: the generated text (stderr carries timings).
   const auto generate = [&](const std::string& model_args, const fs::path& out) {
-    const int status = std::system(fmt::format("{} {} {} >{} 2>/dev/null", SWIFTCPP_BINARY, args, model_args,
+    const int status = std::system(fmt::format("{} {} {} >{} 2>/dev/null", SWIFTCPP_BINARY, test::with_test_threads(args), model_args,
                                                out.string()).c_str());
     EXPECT_EQ(status, 0) << model_args;
     std::ifstream in(out);

@@ -83,6 +83,7 @@ TEST(QuantPackedLinear, TilesGiveTheDenseProductAndItsInputGradient) {
   const auto p = std::make_shared<const PackedWeight>(quantize_rtn(w, QuantSpec{4, 128, false}, "layer"));
   ASSERT_EQ(p->tile_rows(), 512);  // 2^21 weights a tile: this layer takes two
   const at::Tensor dense = p->dequantize(at::kFloat);  // [out, in]
+  // Exact: dequantisation is elementwise ((q - zero) * scale), the same operations for a tile as for the whole.
   EXPECT_TRUE(at::equal(p->dequantize_rows(512, 512, at::kFloat), dense.narrow(0, 512, 512)));
   const at::Tensor bias = at::randn({1024});
   const at::Tensor x = at::randn({3, 5, 4096}).requires_grad_(true);
@@ -117,6 +118,7 @@ TEST(QuantGptq, AnIdentityHessianGivesRoundToNearest) {
     o.spec = spec;
     const PackedWeight g = gptq_quantize(w, at::eye(128) * 3.0, o, "layer");
     const PackedWeight r = quantize_rtn(w, spec, "layer");
+    // Exact: the inverse Hessian's off-diagonal is exactly zero, so every error update subtracts zeros.
     EXPECT_TRUE(at::equal(g.qweight, r.qweight)) << spec.bits << " " << spec.group_size;
     EXPECT_TRUE(at::equal(g.qzeros, r.qzeros));
     EXPECT_TRUE(at::equal(g.scales, r.scales));

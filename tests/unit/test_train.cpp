@@ -152,6 +152,7 @@ TEST(Trainer, LoraNeverModifiesBaseWeights) {
   }
   EXPECT_LT(last, first);
   for (const auto& item : trainer.model()->named_parameters(true)) {
+    // Exact: untouched base weights are the file's bytes.
     EXPECT_TRUE(at::equal(item.value(), file.tensor(item.key()))) << item.key();
     EXPECT_FALSE(item.value().requires_grad()) << item.key();
   }
