@@ -70,29 +70,34 @@ void resolve(void* library, const std::string& path, const char* name, F& slot) 
   slot = reinterpret_cast<F>(symbol);
 }
 
-// AddressSanitizer refuses RTLD_DEEPBIND (its interceptors must see every call); sanitizer builds load the shim
-// without it, which is safe where LibTorch's protobuf is not in the process (the fuzz targets) and leaves
-// sentencepiece binding to the first protobuf loaded otherwise.
+// Sanitizer runtimes refuse RTLD_DEEPBIND (their interceptors must see every call). Sanitizer builds load the shim
+// (built without sanitizers) into a link namespace of its own instead: there the shim, libsentencepiece and the
+// protobuf runtime inside it resolve symbols among themselves alone, as RTLD_DEEPBIND has them do, and never bind to
+// LibTorch's protobuf. Memory crosses the boundary only through the shim's own free functions, so the namespace's
+// separate C library heap is never mixed with ours.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SWIFTCPP_NO_DEEPBIND 1
+#define SWIFTCPP_SPM_OWN_NAMESPACE 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define SWIFTCPP_NO_DEEPBIND 1
+#define SWIFTCPP_SPM_OWN_NAMESPACE 1
 #endif
 #endif
-#ifdef SWIFTCPP_NO_DEEPBIND
-constexpr int kDeepBind = 0;
+
+void* open_library(const fs::path& path) {
+#ifdef SWIFTCPP_SPM_OWN_NAMESPACE
+  return dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
 #else
-constexpr int kDeepBind = RTLD_DEEPBIND;
+  // RTLD_DEEPBIND: the shim and libsentencepiece resolve symbols in their own dependencies first, so the protobuf
+  // runtime linked into libsentencepiece binds to itself and not to LibTorch's protobuf. RTLD_LOCAL keeps their
+  // symbols out of the global namespace for later libraries.
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
 #endif
+}
 
 ShimApi open_shim() {
   std::string tried;
   for (const fs::path& candidate : shim_candidates()) {
-    // RTLD_DEEPBIND: the shim and libsentencepiece resolve symbols in their own dependencies first, so the
-    // protobuf runtime linked into libsentencepiece binds to itself and not to LibTorch's protobuf. RTLD_LOCAL
-    // keeps their symbols out of the global namespace for later libraries.
-    void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
+    void* library = open_library(candidate);
     if (library == nullptr) {
       const char* error = dlerror();
       const std::string why = error ? error : "unknown dlopen error";

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -83,7 +84,9 @@ SWIFTCPP_SPM_EXPORT int swiftcpp_spm_load(const char* path, swiftcpp_spm** out, 
     return SWIFTCPP_SPM_BAD_ARGUMENT;
   }
   return guarded(err, err_size, [&]() -> int {
-    auto* handle = new swiftcpp_spm();
+    // Owned until it is handed out, so an exception from Load (protobuf reports fatal errors by throwing) frees it.
+    auto owned = std::make_unique<swiftcpp_spm>();
+    swiftcpp_spm* handle = owned.get();
     const sentencepiece::util::Status status = handle->processor.Load(path);
     if (!status.ok()) {
       const auto code = status.code();
@@ -93,7 +96,6 @@ SWIFTCPP_SPM_EXPORT int swiftcpp_spm_load(const char* path, swiftcpp_spm** out, 
                   message.find("ParseFromArray") != std::string::npos
                       ? "not a serialised sentencepiece model (protobuf parsing failed)"
                       : message);
-      delete handle;
       const bool io = code == sentencepiece::util::StatusCode::kNotFound ||
                       code == sentencepiece::util::StatusCode::kPermissionDenied;
       return io ? SWIFTCPP_SPM_IO_ERROR : SWIFTCPP_SPM_FORMAT_ERROR;
@@ -101,10 +103,9 @@ SWIFTCPP_SPM_EXPORT int swiftcpp_spm_load(const char* path, swiftcpp_spm** out, 
     handle->vocab_size = handle->processor.GetPieceSize();
     if (handle->vocab_size <= 0) {
       write_error(err, err_size, "the model has an empty vocabulary");
-      delete handle;
       return SWIFTCPP_SPM_FORMAT_ERROR;
     }
-    *out = handle;
+    *out = owned.release();
     return SWIFTCPP_SPM_OK;
   });
 }

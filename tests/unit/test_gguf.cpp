@@ -136,7 +136,7 @@ TEST(GgufFile, CorruptFilesAreFormatErrorsNamingTheProblem) {
   v9[4] = 9;
   test::expect_error<FormatError>([&] { GgufFile::open(write("version.gguf", v9)); }, {"version 9"});
   test::expect_error<FormatError>([&] { GgufFile::open(write("cut-header.gguf", bytes.substr(0, 100))); },
-                                  {"cut-header.gguf", "truncated at byte"});
+                                  {"cut-header.gguf", "declares 10 metadata entries"});
   test::expect_error<FormatError>([&] { GgufFile::open(write("cut-data.gguf", bytes.substr(0, bytes.size() - 64))); },
                                   {"cut-data.gguf", "past the end of the file"});
   test::expect_error<IoError>([&] { GgufFile::open(dir / "absent.gguf"); }, {"absent.gguf"});

@@ -342,11 +342,12 @@ TEST_F(SafetensorsTest, MetadataNotStrings) {
 
 TEST_F(SafetensorsTest, DeeplyNestedHeaderDoesNotOverflowTheStack) {
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  expect_bad_file("deep.safetensors", deep, "", {"JSON object"});
-  expect_bad_file("deep_meta.safetensors", R"({"__metadata__": {"k": )" + deep + "}}", "", {"'k'", "must be a string"});
+  // JSON nesting is limited (kMaxJsonDepth) when the header is parsed, before its entries are looked at.
+  expect_bad_file("deep.safetensors", deep, "", {"nested deeper than 512"});
+  expect_bad_file("deep_meta.safetensors", R"({"__metadata__": {"k": )" + deep + "}}", "", {"nested deeper than 512"});
   expect_bad_file("deep_shape.safetensors",
                   R"({"w.d": {"dtype": "U8", "shape": )" + deep + R"(, "data_offsets": [0, 0]}})",
-                  "", {"'w.d'", "shape[0]"});
+                  "", {"nested deeper than 512"});
 }
 
 TEST_F(SafetensorsTest, RandomCorruptionOnlyThrowsErrors) {
