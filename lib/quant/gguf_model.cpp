@@ -219,24 +219,39 @@ BpeVocab read_bpe_vocab(const fs::path& tokenizer_json, int64_t vocab_size) {
                       "byte-level BPE vocabularies are exported", where);
   }
   BpeVocab v;
-  int64_t n = vocab_size;
   const Json& vocab = root["model"]["vocab"];
   const Json added = root.value("added_tokens", Json::array());
-  for (const auto& [piece, id] : vocab.items()) n = std::max<int64_t>(n, id.get<int64_t>() + 1);
-  for (const Json& a : added) n = std::max<int64_t>(n, a.at("id").get<int64_t>() + 1);
-  if (n > vocab_size) {
-    fail<ConfigError>("GGUF export: {} has ids up to {}, more than the model's vocab_size {}", where, n - 1, vocab_size);
+  if (!vocab.is_object() || !added.is_array()) {
+    fail<FormatError>("GGUF export: {}: model.vocab must be an object and added_tokens a list", where);
   }
-  v.tokens.assign(static_cast<size_t>(n), "");
-  v.types.assign(static_cast<size_t>(n), 0);
+  // Every id is checked before it indexes anything: a non-negative integer below the model's vocab_size.
+  const auto id_of = [&](const Json& id, const std::string& piece) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      fail<FormatError>("GGUF export: {}: the id of token '{}' must be a non-negative integer, got {}", where,
+                        piece.substr(0, 40), describe_json(id));
+    }
+    if (id.get<int64_t>() >= vocab_size) {
+      fail<ConfigError>("GGUF export: {} has the id {} (token '{}'), beyond the model's vocab_size {}", where,
+                        id.get<int64_t>(), piece.substr(0, 40), vocab_size);
+    }
+    return static_cast<size_t>(id.get<int64_t>());
+  };
+  v.tokens.assign(static_cast<size_t>(vocab_size), "");
+  v.types.assign(static_cast<size_t>(vocab_size), 0);
   for (const auto& [piece, id] : vocab.items()) {
-    v.tokens[id.get<size_t>()] = piece;
-    v.types[id.get<size_t>()] = 1;
+    const size_t i = id_of(id, piece);
+    v.tokens[i] = piece;
+    v.types[i] = 1;
   }
   for (const Json& a : added) {
-    const size_t id = a.at("id").get<size_t>();
-    v.tokens[id] = a.at("content").get<std::string>();
-    v.types[id] = a.value("special", false) ? 3 : 4;
+    if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id")) {
+      fail<FormatError>("GGUF export: {}: every added_tokens entry needs a string 'content' and an 'id', got {}", where,
+                        describe_json(a));
+    }
+    const size_t i = id_of(a["id"], a["content"].get<std::string>());
+    v.tokens[i] = a["content"].get<std::string>();
+    const Json special = a.value("special", Json(false));
+    v.types[i] = special.is_boolean() && special.get<bool>() ? 3 : 4;
   }
   for (size_t i = 0; i < v.tokens.size(); ++i) {
     if (v.types[i] == 0) {
@@ -244,11 +259,25 @@ BpeVocab read_bpe_vocab(const fs::path& tokenizer_json, int64_t vocab_size) {
       v.types[i] = 5;
     }
   }
-  for (const Json& m : root["model"].value("merges", Json::array())) {
+  const Json merges = root["model"].value("merges", Json::array());
+  if (!merges.is_array()) fail<FormatError>("GGUF export: {}: model.merges must be a list", where);
+  for (const Json& m : merges) {
     // "left right" (older files) or ["left", "right"] (tokenizers >= 0.20).
-    v.merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+    if (m.is_string()) {
+      v.merges.push_back(m.get<std::string>());
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      v.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+    } else {
+      fail<FormatError>("GGUF export: {}: a merge must be \"left right\" or [\"left\", \"right\"], got {}", where,
+                        describe_json(m));
+    }
   }
-  v.pre = pre_tokenizer_name(root.value("pre_tokenizer", Json()));
+  try {
+    v.pre = pre_tokenizer_name(root.value("pre_tokenizer", Json()));
+  } catch (const nlohmann::json::exception&) {  // a field of the wrong type: a shape we cannot name
+    fail<FormatError>("GGUF export: {}: pre_tokenizer has a field of an unexpected type: {}", where,
+                      describe_json(root["pre_tokenizer"]));
+  }
   v.pre_known = !v.pre.empty();
   if (!v.pre_known) v.pre = "default";
   return v;

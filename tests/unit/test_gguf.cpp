@@ -295,6 +295,46 @@ TEST(GgufModel, BpeVocabularyIsWrittenAsLlamaCppWritesGpt2s) {
                                   {none.string(), "neither tokenizer.model"});
 }
 
+// A tokenizer.json whose ids are negative, of the wrong type or beyond the model's vocabulary, or whose merges and
+// added tokens have the wrong shape, is a clean error naming the file: a negative id used to index the vocabulary
+// table as a huge unsigned number, and wrong types escaped as nlohmann's exceptions.
+TEST(GgufModel, MalformedBpeTokenizerJsonIsRefusedNamingTheFile) {
+  CausalLM model = test::tiny_llama(8, 1, at::kFloat);
+  const Json good = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", Json::array({"a b"})}}}};
+  const auto refused = [&](const std::string& name, Json tokenizer, const std::vector<std::string>& needles,
+                           bool config_error = false) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test::temp_dir("gguf_bad_bpe_" + name);
+    write_file_atomic(dir / "tokenizer.json", tokenizer.dump());
+    std::vector<std::string> all = needles;
+    all.push_back((dir / "tokenizer.json").string());
+    if (config_error) {
+      test::expect_error<ConfigError>([&] { export_gguf(model, dir, dir / "x.gguf", {}); }, all);
+    } else {
+      test::expect_error<FormatError>([&] { export_gguf(model, dir, dir / "x.gguf", {}); }, all);
+    }
+    EXPECT_FALSE(fs::exists(dir / "x.gguf"));
+  };
+  Json negative = good;
+  negative["model"]["vocab"]["c"] = -1;
+  refused("negative", negative, {"'c'", "non-negative integer"});
+  Json text_id = good;
+  text_id["model"]["vocab"]["c"] = "2";
+  refused("text_id", text_id, {"'c'", "the string"});
+  Json beyond = good;
+  beyond["model"]["vocab"]["c"] = 8;
+  refused("beyond", beyond, {"id 8", "vocab_size 8"}, true);
+  Json added = good;
+  added["added_tokens"] = Json::array({{{"id", -5}, {"content", "<x>"}}});
+  refused("added", added, {"'<x>'", "non-negative integer"});
+  Json merge = good;
+  merge["model"]["merges"] = Json::array({Json::array({"a", 1})});
+  refused("merge", merge, {"a merge must be"});
+  Json pre = good;
+  pre["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", Json::array({1})}};
+  refused("pre", pre, {"pre_tokenizer"});
+}
+
 // A real llama.cpp (the pinned npm package scripts/setup_llama_interop.sh installs, which setup.sh runs) loads our
 // GGUFs: in f32 its next-token log-probabilities equal ours to 1e-4 and its greedy continuation is ours; q8_0 and
 // q4_0 files load and generate.
