@@ -51,7 +51,9 @@ bool cpu_kernels(const PackedWeight& p) {
 
 // dst[i, c] = s[g[i], c] * (q(i, c) - z[g[i], c]) for input rows [i0, i1) and `count` columns, q(i, c) the bits of
 // input i in word row[c] (row = the packed row of i). Compiled for AVX-512, AVX2 and plain x86-64; the loader picks.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// ThreadSanitizer builds take the plain version: the loader runs the clones' resolver before the sanitizer's runtime
+// is initialised, and the instrumented resolver then crashes at start-up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SWIFTCPP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SWIFTCPP_CLONES
