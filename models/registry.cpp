@@ -33,23 +33,16 @@ const ArchitectureSpec& find_architecture(const JsonObject& config) {
     }
     fail<ModelError>("{}: model_type '{}' is not supported; supported: {}", config.origin(), type, supported_list());
   }
-  if (config.has("architectures")) {
-    const Json& names = config.raw().at("architectures");
-    if (!names.is_array()) {
-      fail<ConfigError>("{}: key 'architectures' must be a list of strings, got {}", config.origin(), describe_json(names));
-    }
+  if (const std::vector<std::string> names = architecture_names(config); !names.empty()) {
     for (const auto& name : names) {
-      if (!name.is_string()) {
-        fail<ConfigError>("{}: key 'architectures' must hold strings, got {}", config.origin(), describe_json(name));
-      }
       for (const auto& spec : architectures()) {
         for (const auto& arch : spec.architectures) {
-          if (name.get<std::string>() == arch) return spec;
+          if (name == arch) return spec;
         }
       }
     }
     fail<ModelError>("{}: architectures {} not supported; supported: {}", config.origin(),
-                     describe_json(names), supported_list());
+                     describe_json(config.raw().at("architectures")), supported_list());
   }
   fail<ModelError>("{}: neither 'model_type' nor 'architectures' is set; supported: {}", config.origin(),
                    supported_list());

@@ -44,21 +44,26 @@ std::vector<int64_t> parse_token_list(const JsonObject& json, const std::string&
 }
 }  // namespace
 
+std::vector<std::string> architecture_names(const JsonObject& json) {
+  std::vector<std::string> out;
+  if (!json.has("architectures")) return out;
+  const Json& names = json.raw().at("architectures");
+  if (!names.is_array()) {
+    fail<ConfigError>("{}: key 'architectures' must be a list of strings, got {}", json.origin(), describe_json(names));
+  }
+  for (const Json& name : names) {
+    if (!name.is_string()) {
+      fail<ConfigError>("{}: key 'architectures' must hold strings, got {}", json.origin(), describe_json(name));
+    }
+    out.push_back(name.get<std::string>());
+  }
+  return out;
+}
+
 DecoderConfig parse_llama_family_config(const JsonObject& json) {
   DecoderConfig c;
   c.model_type = json.get<std::string>("model_type");
-  if (json.has("architectures")) {
-    const Json& names = json.raw().at("architectures");
-    if (!names.is_array()) {
-      fail<ConfigError>("{}: key 'architectures' must be a list of strings, got {}", json.origin(), describe_json(names));
-    }
-    for (const Json& name : names) {
-      if (!name.is_string()) {
-        fail<ConfigError>("{}: key 'architectures' must hold strings, got {}", json.origin(), describe_json(name));
-      }
-    }
-    if (!names.empty()) c.architecture = names.at(0).get<std::string>();
-  }
+  if (const std::vector<std::string> names = architecture_names(json); !names.empty()) c.architecture = names.front();
   c.vocab_size = json.get<int64_t>("vocab_size");
   c.hidden_size = json.get<int64_t>("hidden_size");
   c.intermediate_size = json.get<int64_t>("intermediate_size");

@@ -59,6 +59,10 @@ struct DecoderConfig {
   int64_t parameter_count() const;
 };
 
+/// The `architectures` list of a config.json (empty when absent or null). Throws ConfigError naming the file when
+/// it is not a list of strings.
+std::vector<std::string> architecture_names(const JsonObject& json);
+
 /// Reads the fields every Llama-family config.json shares (sizes, norms, rotary, tying, token ids).
 /// Family specs call this and then add their quirks. Throws ConfigError naming the file and key.
 DecoderConfig parse_llama_family_config(const JsonObject& json);
