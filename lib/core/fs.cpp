@@ -63,37 +63,31 @@ void require_regular_file(const fs::path& path, std::string_view what) {
   }
 }
 
-void check_output_file(const fs::path& path, std::string_view what) {
+namespace {
+
+// What check_output_file and check_output_folder share: whatever is at `path` must be a folder (`folder`) or a
+// regular file (otherwise), or nothing; an ancestor that is not a folder is named.
+void check_output_path(const fs::path& path, std::string_view what, bool folder) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode)) {
-      fail<IoError>("cannot write {} '{}': it exists and is {}, not a regular file (refusing to replace it)", what,
-                    path.string(), file_kind(st.st_mode));
+    if (folder ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+      fail<IoError>("cannot write {} '{}': it exists and is {}, not {} (refusing to replace it)", what,
+                    path.string(), file_kind(st.st_mode), folder ? "a folder" : "a regular file");
     }
     return;
   }
   const int err = errno;
-  if (err == ENOENT) return;  // nothing there (or a dangling link); a missing folder fails when the file is created
+  if (err == ENOENT) return;  // nothing there (or a dangling link); a missing folder fails when the output is created
   const std::string in_the_way = err == ENOTDIR ? blocking_ancestor(path) : std::string();
   if (!in_the_way.empty()) fail<IoError>("cannot write {} '{}': {}", what, path.string(), in_the_way);
   fail<IoError>("cannot write {} '{}': {}", what, path.string(), reason(err));
 }
 
-void check_output_folder(const fs::path& dir, std::string_view what) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      fail<IoError>("cannot write {} '{}': it exists and is {}, not a folder (refusing to replace it)", what,
-                    dir.string(), file_kind(st.st_mode));
-    }
-    return;
-  }
-  const int err = errno;
-  if (err == ENOENT) return;
-  const std::string in_the_way = err == ENOTDIR ? blocking_ancestor(dir) : std::string();
-  if (!in_the_way.empty()) fail<IoError>("cannot write {} '{}': {}", what, dir.string(), in_the_way);
-  fail<IoError>("cannot write {} '{}': {}", what, dir.string(), reason(err));
-}
+}  // namespace
+
+void check_output_file(const fs::path& path, std::string_view what) { check_output_path(path, what, false); }
+
+void check_output_folder(const fs::path& dir, std::string_view what) { check_output_path(dir, what, true); }
 
 void create_folders(const fs::path& dir) {
   std::error_code ec;
