@@ -10,6 +10,7 @@ const std::vector<ArchitectureSpec>& architectures() {
       mistral_spec(),
       qwen2_spec(),
       qwen3_spec(),
+      llava_spec(),
   };
   return list;
 }

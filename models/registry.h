@@ -26,6 +26,7 @@ ArchitectureSpec llama_spec();
 ArchitectureSpec mistral_spec();
 ArchitectureSpec qwen2_spec();
 ArchitectureSpec qwen3_spec();
+ArchitectureSpec llava_spec();  // vision-language: CLIP + projector + a text family above
 
 /// Every supported architecture, in a fixed order.
 const std::vector<ArchitectureSpec>& architectures();

@@ -69,8 +69,14 @@ at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt) {
 }
 
 std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<int64_t>>& prompts,
-                                                  const GenerationConfig& config, const TextCallback& on_text) {
+                                                  const GenerationConfig& config, const TextCallback& on_text,
+                                                  const std::vector<at::Tensor>& images) {
   if (prompts.empty()) return {};
+  if (!images.empty() && images.size() != prompts.size()) {
+    fail<ConfigError>("{} image lists given for {} prompts (one per prompt, empty for none)", images.size(),
+                      prompts.size());
+  }
+  const int64_t image_id = model_->config().multimodal ? model_->config().multimodal->image_token_index : -1;
   if (config.max_new_tokens < 0) fail<ConfigError>("max_new_tokens must be >= 0, got {}", config.max_new_tokens);
   for (const auto& stop : config.stop_strings) {
     if (stop.empty()) fail<ConfigError>("stop strings must not be empty");
@@ -90,7 +96,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
                         "(max_position_embeddings): shorten it", i, p.size(), context);
     }
     for (int64_t id : p) {
-      if (id < 0 || id >= V) fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
+      if ((id < 0 || id >= V) && id != image_id) fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
     }
     longest = std::max<int64_t>(longest, p.size());
     shortest = std::min<int64_t>(shortest, p.size());
@@ -130,7 +136,9 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
   if (config.sampling.repetition_penalty != 1.0) {
     seen = at::zeros({B, V}, at::kBool);
     for (int64_t b = 0; b < B; ++b) {
-      for (int64_t id : prompts[b]) seen[b][id] = true;
+      for (int64_t id : prompts[b]) {
+        if (id < V) seen[b][id] = true;
+      }
     }
   }
 
@@ -139,7 +147,10 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
   for (int64_t b = 0; b < B; ++b) {
     results[b].prompt_ids = prompts[b];
     const auto& p = prompts[b];
-    rows[b].context.assign(p.end() - std::min<size_t>(p.size(), 8), p.end());
+    // The last few prompt tokens, images left out (they are positions for features, not text).
+    for (auto it = p.rbegin(); it != p.rend() && rows[b].context.size() < 8; ++it) {
+      if (*it != image_id) rows[b].context.insert(rows[b].context.begin(), *it);
+    }
     rows[b].context_text = tokenizer_->decode(to_int(rows[b].context));
   }
   if (most == 0) {  // max_new_tokens 0, or every prompt fills the context
@@ -155,6 +166,11 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
     options.position_ids = at::tensor(pos, at::kLong).view({B, longest}).to(device);
     options.key_valid = key_valid.narrow(1, 0, longest);
   }
+  std::vector<at::Tensor> pixels;  // every prompt's images, in row order: [N, C, H, W]
+  for (const auto& im : images) {
+    if (im.defined() && im.numel() > 0) pixels.push_back(im);
+  }
+  if (!pixels.empty()) options.pixel_values = at::cat(pixels).to(device);
   at::Tensor logits = model_->forward(at::tensor(flat, at::kLong).view({B, longest}).to(device), options);
 
   std::vector<int64_t> next_pos(B);

@@ -38,10 +38,13 @@ class Generator {
   /// Generates continuations of tokenised prompts (each non-empty), batched with left padding. A prompt and its
   /// new tokens never exceed the model's context: a row stops (finish reason "length") after
   /// min(max_new_tokens, max_position_embeddings - prompt length) new tokens, with a warning (core/runtime.h)
-  /// when max_new_tokens is cut that way. Throws ConfigError on bad settings, an empty prompt or a prompt longer
-  /// than max_position_embeddings.
+  /// when max_new_tokens is cut that way. Vision-language models take `images`: per prompt, its pixel values
+  /// [N_i, C, H, W] (undefined or empty for none), N_i matching the prompt's image-token runs (ids already
+  /// expanded); the images are encoded once, in the prefill. Throws ConfigError on bad settings, an empty prompt or
+  /// a prompt longer than max_position_embeddings, ModelError when images do not fit the prompts or the model.
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
-                                         const GenerationConfig& config, const TextCallback& on_text = {});
+                                         const GenerationConfig& config, const TextCallback& on_text = {},
+                                         const std::vector<at::Tensor>& images = {});
 
   /// Tokenises raw `text` as training does (tokenize_rendered: special-token strings parsed, BOS when the
   /// tokenizer adds one); an empty text gives BOS alone.

@@ -66,6 +66,15 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim) {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", placeholder({dim}));
+  bias = register_parameter("bias", placeholder({dim}));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({dim}));
 }

@@ -75,6 +75,19 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+/// LayerNorm with `weight` and `bias` [dim] (placeholders until a checkpoint fills them): normalised over the last
+/// dimension as torch.nn.LayerNorm does (in float32 under autocast, as LibTorch's own layer_norm).
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps);
+  /// x: [..., dim] -> [..., dim]
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
 /// How rotary frequencies are scaled for long contexts (config.json `rope_scaling`).
 struct RopeScaling {
   std::string type = "default";  // default | linear | llama3

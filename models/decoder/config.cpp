@@ -164,6 +164,7 @@ int64_t DecoderConfig::parameter_count() const {
   const int64_t embedding = mul(vocab_size, hidden_size);
   total = add(total, tie_word_embeddings ? embedding : add(embedding, embedding));
   total = add(total, hidden_size);  // final norm
+  if (multimodal) total = add(total, multimodal->parameter_count);  // bounded by the family's own checks
   return overflow ? -1 : total;
 }
 

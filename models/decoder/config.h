@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +13,25 @@
 namespace swiftcpp {
 
 class JsonObject;
+class VisionEncoderImpl;
+
+/// What a vision-language model adds around its language model (LLaVA: vision tower -> aligner -> LLM): where
+/// each part lives in the module tree (Hugging Face's module paths, so freezing and LoRA targets speak the
+/// checkpoint's names), how images enter the token sequence, and how the family builds its vision encoder.
+struct MultimodalConfig {
+  std::string language_model = "language_model";                 // module path of the language model
+  std::vector<std::string> vision_tower = {"vision_tower"};       // module paths frozen by freeze_vit
+  std::vector<std::string> aligner = {"multi_modal_projector"};   // module paths frozen by freeze_aligner
+  int64_t image_token_index = -1;  // the id whose positions receive image features
+  int64_t image_seq_length = 0;    // language-model positions (features) per image
+  int64_t image_size = 0;          // the square input resolution the vision tower takes
+  int64_t num_channels = 3;
+  /// Builds the family's vision encoder (uninitialised weights; load_weights fills them). Its child modules are
+  /// registered at the top of the model under their own names (vision_tower, multi_modal_projector).
+  std::function<std::shared_ptr<VisionEncoderImpl>()> make_encoder;
+  /// Parameters of the vision tower and aligner, for parameter_count() and the size checks.
+  int64_t parameter_count = 0;
+};
 
 // Bounds of the config.json sizes validate() accepts: far above any published checkpoint (the largest dense
 // Llama-family models have vocabularies of 256k, hidden sizes of 16k, 126 layers and contexts of 1M), low enough
@@ -48,6 +69,9 @@ struct DecoderConfig {
   std::string hidden_act = "silu";
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
+  /// Set for vision-language models (model_type llava): the language model above is then the text part, and
+  /// model_type / architecture name the composite.
+  std::shared_ptr<const MultimodalConfig> multimodal;
 
   /// Checks every size against its bound (kMax* above), the parameter count against kMaxParameters, the
   /// invariants between fields (GQA divisibility, even head_dim) and that the floating-point settings are finite.

@@ -171,10 +171,51 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
       // max_position_embeddings costs nothing until a sequence that long runs.
       rotary_(config_.head_dim, config_.rope_theta, config_.rope_scaling,
               std::min<int64_t>(config_.max_position_embeddings, kInitialRotaryPositions)) {
-  model = register_module("model", DecoderBody(config_));
-  if (!config_.tie_word_embeddings) {
-    lm_head = register_module("lm_head", nn::Linear(config_.hidden_size, config_.vocab_size, false));
+  // A vision-language model keeps Hugging Face's tree: language_model.{model, lm_head} beside the vision
+  // encoder's modules; a text model registers model and lm_head at the top.
+  torch::nn::Module* lm_parent = this;
+  if (config_.multimodal) {
+    TORCH_CHECK(config_.multimodal->make_encoder, "multimodal config without a vision encoder factory");
+    auto part = register_module(config_.multimodal->language_model, LanguageModelPart());
+    lm_parent = part.get();
+    vision_ = config_.multimodal->make_encoder();
+    for (const auto& child : vision_->named_children()) register_module(child.key(), child.value());
   }
+  model = lm_parent->register_module("model", DecoderBody(config_));
+  if (!config_.tie_word_embeddings) {
+    lm_head = lm_parent->register_module("lm_head", nn::Linear(config_.hidden_size, config_.vocab_size, false));
+  }
+}
+
+std::string CausalLMImpl::language_model_prefix() const {
+  return config_.multimodal ? config_.multimodal->language_model + "." : std::string();
+}
+
+at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pixel_values) {
+  if (!config_.multimodal) {
+    if (pixel_values.defined()) {
+      fail<ModelError>("images were given, but the {} model is a text model (no vision encoder)", config_.model_type);
+    }
+    return model->embed_tokens(input_ids);  // [B, T, D]
+  }
+  const int64_t image_id = config_.multimodal->image_token_index;
+  const at::Tensor is_image = input_ids == image_id;  // [B, T]
+  // The image id may lie outside the text vocabulary: its positions look up row 0 and are overwritten below.
+  at::Tensor h = model->embed_tokens(input_ids.masked_fill(is_image, 0));  // [B, T, D]
+  const int64_t slots = is_image.sum().item<int64_t>();
+  const int64_t images = pixel_values.defined() ? pixel_values.size(0) : 0;
+  const int64_t per_image = config_.multimodal->image_seq_length;
+  if (slots != images * per_image) {
+    fail<ModelError>("the input holds {} image-token positions (id {}), but {} image{} of {} features each were given "
+                     "({} positions expected): each image is one run of {} ids", slots, image_id, images,
+                     images == 1 ? "" : "s", per_image, images * per_image, per_image);
+  }
+  if (images == 0) return h;
+  const at::Tensor features = vision_->encode(pixel_values.to(h.device()));  // [N, F, D]
+  TORCH_CHECK(features.dim() == 3 && features.size(1) == per_image && features.size(2) == h.size(2),
+              "vision encoder returned ", features.sizes());
+  // Row-major order of the image positions is the order of the images.
+  return h.masked_scatter(is_image.unsqueeze(-1).expand_as(h), features.to(h.scalar_type()).reshape({-1, h.size(2)}));
 }
 
 bool CausalLMImpl::has_packed_weights() const {
@@ -205,7 +246,15 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   if (!positions.defined()) {
     positions = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong).device(dev)).unsqueeze(0).expand({B, T});
   }
-  at::Tensor h = model->embed_tokens(input_ids);  // [B, T, D]
+  at::Tensor h;  // [B, T, D]
+  if (options.inputs_embeds.defined()) {
+    TORCH_CHECK(options.inputs_embeds.dim() == 3 && options.inputs_embeds.size(0) == B &&
+                    options.inputs_embeds.size(1) == T, "inputs_embeds must be [B, T, D] as input_ids, got ",
+                options.inputs_embeds.sizes());
+    h = options.inputs_embeds;
+  } else {
+    h = embed(input_ids, options.pixel_values);
+  }
   auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
   const at::Tensor mask =
       nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
@@ -359,8 +408,9 @@ void load_weights(CausalLM& model, const Checkpoint& checkpoint, const std::stri
     }
   }
   const bool tied = model->config().tie_word_embeddings;
+  const std::string tied_head = model->language_model_prefix() + "lm_head.weight";
   for (const auto& name : checkpoint.names()) {
-    if (wanted.count(name) == 0 && !ignorable(name) && !(tied && name == "lm_head.weight")) unexpected.push_back(name);
+    if (wanted.count(name) == 0 && !ignorable(name) && !(tied && name == tied_head)) unexpected.push_back(name);
   }
   if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
     std::string msg = fmt::format("{}: checkpoint does not fit the {} decoder ({} layers, hidden {})", origin,

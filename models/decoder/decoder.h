@@ -24,6 +24,20 @@ struct ForwardOptions {
   at::Tensor key_valid;          // [B, past + T] bool: false on padding keys; undefined = all valid
   at::Tensor segment_ids;        // [B, past + T] int64: packed samples; tokens attend only within their segment
   bool last_token_only = false;  // compute logits for the last position only ([B, 1, V])
+  /// Vision-language models: the images of this forward, [N, C, H, W] float, in row-major order of their
+  /// image-token runs in input_ids (each image fills image_seq_length positions holding image_token_index).
+  at::Tensor pixel_values;
+  /// [B, T, D]: used instead of looking input_ids up (and instead of pixel_values); input_ids still give B and T.
+  at::Tensor inputs_embeds;
+};
+
+/// The seam a vision-language family fills: images in, language-model input embeddings out. Its child modules
+/// (e.g. vision_tower, multi_modal_projector) become top-level modules of the CausalLM that holds it, so their
+/// parameters carry the checkpoint's names.
+class VisionEncoderImpl : public torch::nn::Module {
+ public:
+  /// pixel_values: [N, C, H, W] -> image features [N, F, D_lm] (F = image_seq_length) in the model dtype.
+  virtual at::Tensor encode(const at::Tensor& pixel_values) = 0;
 };
 
 class AttentionImpl : public torch::nn::Module {
@@ -75,10 +89,26 @@ class DecoderBodyImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderBody);
 
-/// Decoder + language-model head (`lm_head`, or the embedding matrix when tie_word_embeddings).
+/// The language model of a vision-language model (`language_model`: its `model` and `lm_head`).
+class LanguageModelPartImpl : public torch::nn::Module {};
+TORCH_MODULE(LanguageModelPart);
+
+/// Decoder + language-model head (`lm_head`, or the embedding matrix when tie_word_embeddings). For a
+/// vision-language model (config.multimodal) the decoder and head sit under `language_model` and the vision
+/// encoder's modules beside it, as Hugging Face names them; `model` and `lm_head` still point at the decoder and
+/// head, so everything that runs the language model runs the same code.
 class CausalLMImpl : public torch::nn::Module {
  public:
   explicit CausalLMImpl(DecoderConfig config);
+
+  /// Input embeddings: input_ids [B, T] looked up, then, with pixel_values [N, C, H, W], the positions holding
+  /// image_token_index (row-major) replaced by the vision encoder's features -> [B, T, D]. Throws ModelError when
+  /// the model has no vision encoder, or the image positions are not N * image_seq_length.
+  at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& pixel_values = {});
+  /// The vision encoder (null for text models).
+  const std::shared_ptr<VisionEncoderImpl>& vision() const { return vision_; }
+  /// Module-path prefix of the language model: "" for text models, "language_model." for LLaVA.
+  std::string language_model_prefix() const;
 
   /// input_ids: [B, T] int64 -> logits [B, T, V] (or [B, 1, V] with last_token_only), in the model dtype.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {});
@@ -110,6 +140,7 @@ class CausalLMImpl : public torch::nn::Module {
   nn::Linear lm_head{nullptr};  // null when tied
 
  private:
+  std::shared_ptr<VisionEncoderImpl> vision_;
   DecoderConfig config_;
   bool gradient_checkpointing_ = false;
   std::vector<std::shared_ptr<void>> checkpoint_calls_;  // alive until the next checkpointed forward
