@@ -14,7 +14,7 @@ shared="${SWIFTCPP_SHARED_DIR:-$root/../shared}"
 
 all_targets=(fuzz_safetensors fuzz_safetensors_index fuzz_gguf fuzz_hf_config fuzz_tokenizer_json
              fuzz_tokenizer_config fuzz_sentencepiece fuzz_dataset fuzz_recipe fuzz_chat_template fuzz_eval_archive
-             fuzz_eval_tasks)
+             fuzz_eval_tasks fuzz_image)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 

@@ -15,7 +15,7 @@ byte for byte (or expects a ConfigError containing the message).
 
 Template sources:
     qwen2_5, llama3, gemma, phi3: the real chat templates under <shared>/assets/chat_templates/.
-    chatml, qwen2, llama2, mistral: tests/data/chat_templates/<family>.jinja, written from the public format
+    chatml, qwen2, llama2, mistral, llava: tests/data/chat_templates/<family>.jinja, written from the public format
         descriptions (each file says where its format comes from).
     default, raw: tests/data/chat_templates/<family>.jinja, swiftcpp's own definitions.
 
@@ -48,6 +48,7 @@ FAMILIES = {
     "mistral": (os.path.join(LOCAL, "mistral.jinja"), "<s>", "</s>"),
     "gemma": ("{shared}/google-gemma-2-2b-it.jinja", "<bos>", "<eos>"),
     "phi3": ("{shared}/microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),
+    "llava": (os.path.join(LOCAL, "llava.jinja"), "<s>", "</s>"),
     "default": (os.path.join(LOCAL, "default.jinja"), "", ""),
     "raw": (os.path.join(LOCAL, "raw.jinja"), "", ""),
 }

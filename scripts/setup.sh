@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
   libsentencepiece-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-  libgtest-dev libgmock-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev
+  libgtest-dev libgmock-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev libjpeg62-turbo-dev libpng-dev
   python3-torch python3-numpy python3-jinja2
 )
 missing=()

@@ -52,32 +52,51 @@ struct InferOptions {
   std::string chat_template;  // empty: the checkpoint's; "raw": none
   std::string system;
   std::string adapters;       // PEFT adapter folder applied on top of the model (not merged)
+  std::vector<std::string> images;  // --image, in order (vision-language models)
 };
 
 // How prompts become ids: through the chat template (the same SampleEncoder code training uses) when the
-// checkpoint has one or --template names one, else as raw text.
+// checkpoint has one or --template names one, else as raw text. A vision-language model's images go with them:
+// each `<image>` in the text takes the next image; images without any `<image>` in the text are put first, one
+// `<image>\n` each, as ms-swift does.
 struct Prompter {
   std::shared_ptr<const TextTokenizer> tokenizer;
   const Generator* generator = nullptr;      // raw prompts go through Generator::encode_prompt
   std::shared_ptr<const ChatTemplate> tmpl;  // null: raw text
   std::optional<std::string> system;
+  EncodeOptions encode;                      // with image settings for a vision-language model
 
   bool chat() const { return tmpl != nullptr; }
 
-  std::vector<int64_t> ids(const std::vector<ChatMessage>& turns) const {
+  EncodedPrompt prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images) const {
     std::vector<ChatMessage> messages;
     if (system) messages.push_back({"system", *system, std::nullopt});
+    int64_t placeholders = 0;
+    for (const auto& t : turns) placeholders += count_image_placeholders(t.content);
+    if (!images.empty() && placeholders == 0 && !turns.empty()) {
+      std::string lead;
+      for (size_t i = 0; i < images.size(); ++i) lead += std::string(kImagePlaceholder) + "\n";
+      turns.back().content = lead + turns.back().content;
+    }
     messages.insert(messages.end(), turns.begin(), turns.end());
-    const SampleEncoder encoder(tokenizer, tmpl, EncodeOptions{});
-    const std::vector<int> out = encoder.encode_prompt(messages);
-    return std::vector<int64_t>(out.begin(), out.end());
+    const SampleEncoder encoder(tokenizer, tmpl, encode);
+    return encoder.encode_prompt(messages, images);
   }
 
-  std::vector<int64_t> ids(const std::string& text) const {
-    if (chat()) return ids(std::vector<ChatMessage>{{"user", text, std::nullopt}});
-    return generator->encode_prompt(text);
+  EncodedPrompt prompt(const std::string& text, const std::vector<fs::path>& images) const {
+    if (chat()) return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
+    if (images.empty() && !encode.images) {
+      const std::vector<int64_t> ids = generator->encode_prompt(text);
+      return {std::vector<int>(ids.begin(), ids.end()), {}};
+    }
+    return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
   }
 };
+
+std::vector<int64_t> ids_of(const EncodedPrompt& p) { return std::vector<int64_t>(p.ids.begin(), p.ids.end()); }
+
+// The prompt's images as one [N, C, H, W] tensor (undefined for none).
+at::Tensor pixels_of(const EncodedPrompt& p) { return p.pixel_values.empty() ? at::Tensor() : at::stack(p.pixel_values); }
 
 // Sampling defaults come from the checkpoint's generation_config.json (as Hugging Face generate() does);
 // command-line values win.
@@ -132,12 +151,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // One prompt, streamed to stdout.
 std::string run_single(Generator& gen, const GenerationConfig& config, const InferOptions& o,
-                       const std::vector<int64_t>& ids, const std::string& prompt) {
+                       const EncodedPrompt& encoded, const std::string& prompt) {
   if (o.echo) std::cout << prompt << std::flush;
   const auto t0 = std::chrono::steady_clock::now();
   TextCallback stream;
   if (!o.no_stream) stream = [](size_t, const std::string& piece) { std::cout << piece << std::flush; };
-  const auto results = gen.generate({ids}, config, stream);
+  const std::vector<int64_t> ids = ids_of(encoded);
+  const auto results = gen.generate({ids}, config, stream, {pixels_of(encoded)});
   const double elapsed = seconds_since(t0);
   if (o.no_stream) std::cout << results[0].text;
   std::cout << std::endl;
@@ -156,11 +176,36 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
   std::istringstream in(read_text_file(o.prompts_file));
   std::vector<Json> rows;
   std::vector<std::vector<int64_t>> prompts;
+  std::vector<at::Tensor> images;  // per prompt: [N, C, H, W] or undefined
   std::string line;
+  const fs::path base = fs::path(o.prompts_file).parent_path();
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", o.prompts_file, number);
     JsonObject row(parse_json(line, where), where);
+    // "images": a path or a list of paths, relative to the prompts file's folder.
+    std::vector<fs::path> paths;
+    if (row.has("images")) {
+      const Json& v = row.raw().at("images");
+      const auto add = [&](const Json& p) {
+        if (!p.is_string()) fail<FormatError>("{}: 'images' must be a path or a list of paths, got {}", where, describe_json(p));
+        const fs::path path = p.get<std::string>();
+        paths.push_back(path.is_absolute() ? path : base / path);
+      };
+      if (v.is_array()) {
+        for (const auto& p : v) add(p);
+      } else {
+        add(v);
+      }
+    }
+    EncodedPrompt encoded;
+    const auto encode = [&](const auto& what) {
+      try {
+        return prompter.prompt(what, paths);
+      } catch (const Error& e) {
+        fail<FormatError>("{}: {}", where, e.what());
+      }
+    };
     if (row.has("messages")) {
       if (!prompter.chat()) fail<ConfigError>("{}: 'messages' rows need a chat template (--template NAME)", where);
       std::vector<ChatMessage> turns;
@@ -172,14 +217,16 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
         turns.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>(), std::nullopt});
       }
       if (turns.empty() || turns.back().role != "user") fail<FormatError>("{}: 'messages' must end with a user turn", where);
-      prompts.push_back(prompter.ids(turns));
+      encoded = encode(turns);
     } else {
       std::string text;
       if (row.has("prompt")) text = row.get<std::string>("prompt");
       else if (row.has("text")) text = row.get<std::string>("text");
       else fail<FormatError>("{}: expected a string field 'prompt' (or 'text', or a 'messages' list)", where);
-      prompts.push_back(prompter.ids(text));
+      encoded = encode(text);
     }
+    prompts.push_back(ids_of(encoded));
+    images.push_back(pixels_of(encoded));
     rows.push_back(row.raw());
   }
   std::vector<size_t> order(prompts.size());
@@ -191,8 +238,12 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
   for (size_t start = 0; start < order.size(); start += o.batch_size) {
     const size_t end = std::min(order.size(), start + static_cast<size_t>(o.batch_size));
     std::vector<std::vector<int64_t>> batch;
-    for (size_t i = start; i < end; ++i) batch.push_back(prompts[order[i]]);
-    auto out = gen.generate(batch, config);
+    std::vector<at::Tensor> batch_images;
+    for (size_t i = start; i < end; ++i) {
+      batch.push_back(prompts[order[i]]);
+      batch_images.push_back(images[order[i]]);
+    }
+    auto out = gen.generate(batch, config, {}, batch_images);
     for (size_t i = start; i < end; ++i) {
       new_tokens += out[i - start].new_ids.size();
       results[order[i]] = std::move(out[i - start]);
@@ -219,24 +270,61 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
 // A read-eval loop on stdin. With a chat template it is a multi-turn chat (/reset forgets the history);
 // without one each line is a prompt of its own.
 int run_interactive(Generator& gen, const GenerationConfig& config, const InferOptions& o, const Prompter& prompter) {
+  const bool vision = prompter.encode.images.has_value();
   std::cerr << "swiftcpp interactive" << (prompter.chat() ? " chat" : "")
-            << ": type and press Enter; /reset clears the conversation, /exit or end of input quits." << std::endl;
+            << ": type and press Enter; /reset clears the conversation"
+            << (vision ? ", /image PATH attaches an image to your next message" : "")
+            << ", /exit or end of input quits." << std::endl;
   std::vector<ChatMessage> history;
+  std::vector<fs::path> history_images;  // every image of the conversation so far, in order
+  std::vector<fs::path> pending;         // /image: attached to the next message
   std::string line;
   while (true) {
     std::cout << "> " << std::flush;
     if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       history.clear();
+      history_images.clear();
+      pending.clear();
       continue;
     }
-    if (!prompter.chat()) {
-      run_single(gen, config, o, prompter.ids(line), line);
+    if (line.rfind("/image", 0) == 0) {
+      const std::string path = line.size() > 7 ? line.substr(7) : "";
+      if (!vision) {
+        std::cerr << "error: this model takes text only" << std::endl;
+      } else if (path.empty() || !fs::is_regular_file(path)) {
+        std::cerr << "error: /image needs the path of a JPEG or PNG file" << (path.empty() ? "" : ": " + path + " is not one")
+                  << std::endl;
+      } else {
+        pending.push_back(path);
+        std::cerr << fmt::format("[image {} attached to the next message]", path) << std::endl;
+      }
       continue;
     }
-    history.push_back({"user", line, std::nullopt});
-    const std::string reply = run_single(gen, config, o, prompter.ids(history), line);
-    history.push_back({"assistant", reply, std::nullopt});
+    try {
+      if (!prompter.chat()) {
+        run_single(gen, config, o, prompter.prompt(line, pending), line);
+        pending.clear();
+        continue;
+      }
+      std::string content = line;
+      if (!pending.empty() && count_image_placeholders(content) == 0) {
+        for (size_t i = 0; i < pending.size(); ++i) content = std::string(kImagePlaceholder) + "\n" + content;
+      }
+      std::vector<ChatMessage> turns = history;
+      turns.push_back({"user", content, std::nullopt});
+      std::vector<fs::path> images = history_images;
+      images.insert(images.end(), pending.begin(), pending.end());
+      const std::string reply = run_single(gen, config, o, prompter.prompt(turns, images), line);
+      history = std::move(turns);
+      history.push_back({"assistant", reply, std::nullopt});
+      history_images = std::move(images);
+      pending.clear();
+    } catch (const Error& e) {
+      // A bad image or prompt ends this turn, not the session.
+      std::cerr << "error: " << e.what() << std::endl;
+      pending.clear();
+    }
   }
   return 0;
 }
@@ -248,6 +336,9 @@ int run_infer(const InferOptions& o) {
   // Inputs and outputs are checked before the model loads: an input must be a regular file, an output may only
   // replace a regular file (never a device or FIFO), and the folder it goes in must be a folder.
   if (!o.prompts_file.empty()) require_regular_file(o.prompts_file, "--prompts-file");
+  if (!o.images.empty() && !o.has_prompt) fail<ConfigError>("--image goes with --prompt (--prompts-file rows carry "
+                                                            "'images'; --interactive takes /image PATH)");
+  for (const auto& image : o.images) require_regular_file(image, "--image");
   if (!o.output.empty()) check_output_file(o.output, "--output");
   if (!o.output_logits.empty()) check_output_file(o.output_logits, "--output-logits");
   nn::set_attention_backend(parse_backend(o.attention));
@@ -279,6 +370,13 @@ int run_infer(const InferOptions& o) {
   prompter.generator = &gen;
   const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
   prompter.tmpl = chat_template_for(*tokenizer, template_name);
+  if (const auto& mm = model->config().multimodal) {
+    prompter.encode.images = make_image_encoding(model_dir, mm->image_token_index, mm->image_seq_length);
+  } else if (!o.images.empty()) {
+    fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA", o.model,
+                      model->config().model_type);
+  }
+  const std::vector<fs::path> images(o.images.begin(), o.images.end());
   if (!o.system.empty()) {
     if (!prompter.chat()) fail<ConfigError>("--system needs a chat template: the checkpoint has none (--template NAME)");
     prompter.system = o.system;
@@ -293,8 +391,9 @@ int run_infer(const InferOptions& o) {
   }
 
   if (!o.output_logits.empty()) {
-    const std::vector<int64_t> ids = prompter.ids(o.prompt);
-    const at::Tensor logits = gen.prompt_logits(ids);  // [T, V]
+    const EncodedPrompt encoded = prompter.prompt(o.prompt, images);
+    const std::vector<int64_t> ids = ids_of(encoded);
+    const at::Tensor logits = gen.prompt_logits(ids, pixels_of(encoded));  // [T, V]
     save_safetensors(o.output_logits, {{"input_ids", at::tensor(ids, at::kLong)}, {"logits", logits}},
                      {{"model", o.model}, {"dtype", o.dtype}});
     std::cerr << fmt::format("[wrote logits [{}, {}] to {}]", logits.size(0), logits.size(1), o.output_logits)
@@ -302,7 +401,7 @@ int run_infer(const InferOptions& o) {
   }
   if (o.interactive) return run_interactive(gen, config, o, prompter);
   if (!o.prompts_file.empty()) return run_file(gen, config, o, prompter);
-  run_single(gen, config, o, prompter.ids(o.prompt), o.prompt);
+  run_single(gen, config, o, prompter.prompt(o.prompt, images), o.prompt);
   return 0;
 }
 
@@ -319,7 +418,8 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option_function<std::string>("--prompt", [o](const std::string& p) { o->prompt = p; o->has_prompt = true; },
                                         "Prompt text (an empty prompt starts from BOS alone)");
-  cmd->add_option("--prompts-file", o->prompts_file, "JSONL file of {\"prompt\": ...} rows, generated in batches")
+  cmd->add_option("--prompts-file", o->prompts_file, "JSONL file of {\"prompt\": ...} rows (or \"messages\"; \"images\" "
+                  "paths relative to the file for vision-language models), generated in batches")
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", o->output, "JSONL file for --prompts-file results (rows + response)");
   cmd->add_flag("--interactive,-i", o->interactive, "Read prompts from stdin in a loop");
@@ -342,10 +442,13 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_flag("--no-stream", o->no_stream, "Print the text when done instead of token by token");
   cmd->add_flag("--echo", o->echo, "Print the prompt before the generated text");
   cmd->add_option("--template", o->chat_template,
-                  "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, default, raw); default: the "
+                  "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, llava, default, raw); default: the "
                   "checkpoint's, raw text when it has none");
   cmd->add_option("--system", o->system, "System prompt (needs a chat template)");
   cmd->add_option("--adapters", o->adapters, "PEFT LoRA/DoRA adapter folder applied without merging");
+  cmd->add_option("--image", o->images, "Image (JPEG or PNG) for a vision-language model, repeatable; each <image> in "
+                  "the prompt takes the next one (without any, they go before the text)")
+      ->allow_extra_args(false);
   return [o]() { return run_infer(*o); };
 }
 

@@ -96,12 +96,14 @@ int run_quantize(const QuantizeOptions& o, int threads) {
   spec.bits = o.bits;
   spec.group_size = o.group_size;
   spec.sym = !o.asym;
-  // Every linear layer inside the decoder blocks; embeddings and lm_head stay float, as GPTQ checkpoints keep them.
-  // Shapes are checked for every layer before any work.
+  // Every linear layer inside the decoder blocks; embeddings and lm_head stay float, as GPTQ checkpoints keep them,
+  // and so do a vision-language model's vision tower and projector. Shapes are checked for every layer before any
+  // work.
   std::map<std::string, PackedWeight> packed;
+  const std::string blocks = model->language_model_prefix() + "model.layers.";
   for (const auto& item : model->named_modules("", false)) {
     auto* linear = item.value()->as<nn::Linear>();
-    if (linear == nullptr || item.key().rfind("model.layers.", 0) != 0) continue;
+    if (linear == nullptr || item.key().rfind(blocks, 0) != 0) continue;
     checked_group_size(linear->out_features(), linear->in_features(), spec, item.key());
   }
   std::string detail;

@@ -4,12 +4,49 @@
 #include <numeric>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 
 namespace swiftcpp {
 
 int64_t Sample::label_tokens() const {
   return std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+}
+
+std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, const ImageTokenLayout& layout) {
+  if (layout.per_image < 1) fail<ConfigError>("image tokens per image must be at least 1, got {}", layout.per_image);
+  std::vector<TokenSpan> runs;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  for (int64_t t = 0; t < n;) {
+    if (ids[static_cast<size_t>(t)] != layout.id) {
+      ++t;
+      continue;
+    }
+    int64_t end = t;
+    while (end < n && ids[static_cast<size_t>(end)] == layout.id) ++end;
+    if ((end - t) % layout.per_image != 0) {
+      fail<ConfigError>("{} image tokens (id {}) at positions [{}, {}) are not a whole number of images of {} tokens",
+                        end - t, layout.id, t, end, layout.per_image);
+    }
+    for (; t < end; t += layout.per_image) runs.push_back({t, t + layout.per_image});
+  }
+  return runs;
+}
+
+at::Tensor stack_pixel_values(const std::vector<const Sample*>& samples) {
+  std::vector<at::Tensor> images;
+  for (const Sample* s : samples) images.insert(images.end(), s->pixel_values.begin(), s->pixel_values.end());
+  if (images.empty()) return {};
+  for (size_t i = 0; i < images.size(); ++i) {
+    TORCH_CHECK(images[i].dim() == 3, "pixel_values of a sample must be [C, H, W], got ", images[i].sizes());
+    if (images[i].sizes() != images[0].sizes()) {
+      fail<ConfigError>("images of different sizes in one batch: image 0 is [{}] and image {} is [{}]; the image "
+                        "processor must give every image one size (crop_size)",
+                        fmt::join(images[0].sizes(), ", "), i, fmt::join(images[i].sizes(), ", "));
+    }
+  }
+  return at::stack(images).to(at::kFloat);  // [N, C, H, W]
 }
 
 Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id) {
@@ -80,6 +117,9 @@ Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_
     }
   }
   if (batch.real_tokens < B * T) batch.key_valid = valid;
+  std::vector<const Sample*> in_order;  // rows first, then each row's samples as concatenated
+  for (const auto& row : rows) in_order.insert(in_order.end(), row.begin(), row.end());
+  batch.pixel_values = stack_pixel_values(in_order);
   return batch;
 }
 

@@ -15,8 +15,26 @@ constexpr int32_t kIgnoreIndex = -100;
 struct Sample {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;  // same length as input_ids; the last is always kIgnoreIndex
+  std::vector<at::Tensor> pixel_values;  // one [C, H, W] float32 per image, in the order of the image-token runs
   int64_t label_tokens() const;
 };
+
+/// The image tokens of a sequence: each image fills `per_image` consecutive positions holding `id`.
+struct ImageTokenLayout {
+  int32_t id = -1;
+  int64_t per_image = 0;
+};
+
+/// Tokens [begin, end) of a sequence.
+struct TokenSpan {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+/// The run of each image in `ids`, in order: consecutive images (an unbroken stretch of k * per_image image
+/// tokens) are k runs. Throws ConfigError when layout.per_image < 1 or a stretch of image tokens is not a
+/// multiple of per_image long (an image cut in part).
+std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, const ImageTokenLayout& layout);
 
 /// Tensors for one micro-batch, on the CPU.
 struct Batch {
@@ -25,11 +43,14 @@ struct Batch {
   at::Tensor key_valid;     // [B, T] bool, false on padding (undefined when nothing is padded)
   at::Tensor position_ids;  // [B, T] int64, restarting at 0 for every packed sample
   at::Tensor segment_ids;   // [B, T] int64, packed batches only: which sample each token belongs to
+  at::Tensor pixel_values;  // [N, C, H, W] float32: the images of every row, in row-major order of their
+                            // image-token runs; undefined when no sample has an image
   int64_t label_tokens = 0;
   int64_t real_tokens = 0;  // tokens that are not padding
 };
 
-/// Right-pads samples to the longest one with `pad_id` (labels kIgnoreIndex, key_valid false).
+/// Right-pads samples to the longest one with `pad_id` (labels kIgnoreIndex, key_valid false), and stacks the
+/// samples' images in order. Throws ConfigError when images of different sizes meet in one batch.
 Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id);
 
 /// Groups sample lengths into rows of at most `capacity` tokens, best fit decreasing: longest first, each into
@@ -38,8 +59,14 @@ Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id);
 std::vector<std::vector<size_t>> pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
 
 /// Concatenates the samples of each row (as pack_best_fit_decreasing grouped them), pads rows to the longest,
-/// and sets positions restarting at 0 and segment ids so packed samples never attend to each other.
+/// and sets positions restarting at 0 and segment ids so packed samples never attend to each other. The samples'
+/// images are stacked rows first, within a row in the order its samples are concatenated, so they follow the
+/// row-major order of the image-token runs. Throws ConfigError when images of different sizes meet in one batch.
 Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_t pad_id);
+
+/// The images of `samples` stacked in order into [N, C, H, W] float32 (undefined when there are none). Throws
+/// ConfigError naming the two shapes when the images differ in size.
+at::Tensor stack_pixel_values(const std::vector<const Sample*>& samples);
 
 /// Sum of token cross-entropies of logits [B, T, V] against labels [B, T] (kIgnoreIndex skipped), computed in
 /// float32 or wider. Divide by the global batch's label-token count for the training loss.

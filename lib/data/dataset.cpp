@@ -28,15 +28,56 @@ std::string string_field(const Json& row, const char* key, const std::string& wh
   return v.get<std::string>();
 }
 
-// A message content: a string, or a list of {"type": "text", "text"|"value": "..."} parts.
-std::string content_text(const Json& content, const std::string& where) {
+// An image path as a row writes it: a local path, optionally as a file:// URL. Remote images are not fetched.
+std::string image_path_text(const Json& value, const char* key, const std::string& where) {
+  if (!value.is_string()) {
+    bad(where, "bad images", std::string("an image ") + key + " must be a string, got " + describe_json(value));
+  }
+  std::string path = value.get<std::string>();
+  if (path.rfind("file://", 0) == 0) path.erase(0, 7);
+  if (path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 || path.rfind("data:", 0) == 0) {
+    bad(where, "bad images", "'" + path.substr(0, 64) + "': only local image files are supported");
+  }
+  if (path.empty()) bad(where, "bad images", "an empty image path");
+  if (path.find('\0') != std::string::npos) bad(where, "bad images", "an image path holding a NUL character");
+  return path;
+}
+
+// One entry of an "images" column or of an image part: a path string or {"path": string} ({"url": string} for
+// image_url parts).
+std::string image_entry(const Json& entry, const char* object_key, const std::string& where) {
+  if (entry.is_object()) {
+    if (!entry.contains(object_key)) {
+      bad(where, "bad images",
+          std::string("an image object needs a '") + object_key + "', got " + describe_json(entry));
+    }
+    return image_path_text(entry.at(object_key), object_key, where);
+  }
+  return image_path_text(entry, "path", where);
+}
+
+// A message content: a string, or a list of parts: {"type": "text", "text"|"value": "..."}, or an image part
+// ({"type": "image", "image": ...} / {"type": "image_url", "image_url": ...}), written as the placeholder at its
+// place with its path appended to `images`.
+std::string content_text(const Json& content, const std::string& where, std::vector<std::string>& images) {
   if (content.is_string()) return content.get<std::string>();
   if (content.is_array()) {
     std::string text;
     for (const auto& part : content) {
       // (part.value("type", "") would throw nlohmann's type_error on a "type" that is not a string.)
-      if (!part.is_object() || !part.contains("type") || part.at("type") != Json("text")) {
-        bad(where, "non-text content", "only text parts are supported, got " + describe_json(part));
+      if (!part.is_object() || !part.contains("type") || !part.at("type").is_string()) {
+        bad(where, "non-text content", "a content part needs a string 'type', got " + describe_json(part));
+      }
+      const std::string type = part.at("type").get<std::string>();
+      if (type == "image" || type == "image_url") {
+        const char* key = type == "image" ? "image" : "image_url";
+        if (!part.contains(key)) bad(where, "bad images", "an image part without '" + std::string(key) + "'");
+        images.push_back(image_entry(part.at(key), type == "image" ? "path" : "url", where));
+        text += kImagePlaceholder;
+        continue;
+      }
+      if (type != "text") {
+        bad(where, "non-text content", "only text and image parts are supported, got " + describe_json(part));
       }
       const char* key = part.contains("text") ? "text" : "value";
       if (!part.contains(key) || !part.at(key).is_string()) bad(where, "non-string content", "text part without a string");
@@ -45,6 +86,20 @@ std::string content_text(const Json& content, const std::string& where) {
     return text;
   }
   bad(where, "non-string content", std::string("content is ") + content.type_name());
+}
+
+// The "images" column: null (none), a path string, or a list of path strings / {"path": string}.
+std::vector<std::string> images_column(const Json& row, const std::string& where) {
+  std::vector<std::string> images;
+  const Json& column = row.at("images");
+  if (column.is_string()) {
+    images.push_back(image_path_text(column, "path", where));
+  } else if (column.is_array()) {
+    for (const auto& entry : column) images.push_back(image_entry(entry, "path", where));
+  } else if (!column.is_null()) {
+    bad(where, "bad images", std::string("'images' must be a list of paths or a path, got ") + column.type_name());
+  }
+  return images;
 }
 
 std::string normalise_role(const std::string& role, const std::string& where) {
@@ -97,12 +152,62 @@ void add_history(std::vector<ChatMessage>& messages, const Json& row, const std:
   }
 }
 
+// The images of a row in placeholder order, their paths resolved against `base_dir`, after checking them against
+// the placeholders of the normalised conversation (only for rows that declare images: a text row's "<image>"
+// stays text).
+void attach_images(Conversation& c, const std::vector<std::string>& column, const std::vector<std::string>& parts,
+                   bool declared, const fs::path& base_dir) {
+  if (!declared) return;
+  if (!column.empty() && !parts.empty()) {
+    bad(c.where, "images given twice",
+        fmt::format("{} in the 'images' column and {} as content parts; use one or the other", column.size(),
+                    parts.size()));
+  }
+  int64_t placeholders = count_image_placeholders(c.text);
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    const int64_t n = count_image_placeholders(c.messages[i].content);
+    if (c.messages[i].role == "assistant" && n > 0) {
+      bad(c.where, "image in an assistant message", fmt::format("message {} holds an image", i));
+    }
+    placeholders += n;
+  }
+  const std::vector<std::string>& paths = parts.empty() ? column : parts;
+  if (placeholders != static_cast<int64_t>(paths.size())) {
+    bad(c.where, "image count mismatch",
+        fmt::format("{} {} placeholder(s) in the text, {} image(s) given", placeholders, kImagePlaceholder,
+                    paths.size()));
+  }
+  for (const std::string& p : paths) {
+    const fs::path path(p);
+    c.images.push_back(path.is_absolute() || base_dir.empty() ? path : base_dir / path);
+  }
+}
+
 }  // namespace
 
-Conversation normalise_row(const Json& row, const std::string& where, const std::optional<std::string>& system_override) {
+int64_t count_image_placeholders(std::string_view text) {
+  int64_t n = 0;
+  for (size_t at = text.find(kImagePlaceholder); at != std::string_view::npos;
+       at = text.find(kImagePlaceholder, at + kImagePlaceholder.size())) {
+    ++n;
+  }
+  return n;
+}
+
+Conversation normalise_row(const Json& row, const std::string& where, const std::optional<std::string>& system_override,
+                           const fs::path& base_dir) {
   if (!row.is_object()) bad(where, "unknown format", std::string("a row must be a JSON object, got ") + row.type_name());
   Conversation c;
   c.where = where;
+  const bool has_column = row.contains("images") && !row.at("images").is_null();
+  const std::vector<std::string> column = has_column ? images_column(row, where) : std::vector<std::string>{};
+  std::vector<std::string> parts;  // paths of image content parts, in order
+  // An image part in an assistant message is refused at once (the model reads images, it never writes them).
+  const auto check_part_owner = [&](const std::string& role, size_t images_before, size_t index) {
+    if (role == "assistant" && parts.size() > images_before) {
+      bad(where, "image in an assistant message", fmt::format("message {} holds an image part", index));
+    }
+  };
   std::optional<std::string> system;
   if (row.contains("system") && !row.at("system").is_null()) system = string_field(row, "system", where);
   if (system_override) system = system_override;
@@ -115,8 +220,10 @@ Conversation normalise_row(const Json& row, const std::string& where, const std:
       if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m.at("role").is_string()) {
         bad(where, "unknown format", "each message needs a string 'role' and a 'content'");
       }
-      ChatMessage msg{normalise_role(m.at("role").get<std::string>(), where), content_text(m.at("content"), where),
-                      std::nullopt};
+      const size_t images_before = parts.size();
+      ChatMessage msg{normalise_role(m.at("role").get<std::string>(), where),
+                      content_text(m.at("content"), where, parts), std::nullopt};
+      check_part_owner(msg.role, images_before, c.messages.size());
       // Loss flags matter on assistant turns only; other roles are never trained.
       if (msg.role == "assistant") {
         if (m.contains("loss") && m.at("loss").is_boolean()) msg.loss = m.at("loss").get<bool>();
@@ -132,8 +239,10 @@ Conversation normalise_row(const Json& row, const std::string& where, const std:
       if (!m.is_object() || !m.contains("from") || !m.contains("value") || !m.at("from").is_string()) {
         bad(where, "unknown format", "each ShareGPT turn needs a string 'from' and a 'value'");
       }
-      c.messages.push_back({normalise_role(m.at("from").get<std::string>(), where), content_text(m.at("value"), where),
-                            std::nullopt});
+      const size_t images_before = parts.size();
+      c.messages.push_back({normalise_role(m.at("from").get<std::string>(), where),
+                            content_text(m.at("value"), where, parts), std::nullopt});
+      check_part_owner(c.messages.back().role, images_before, c.messages.size() - 1);
     }
   } else if (row.contains("instruction") || (row.contains("output") && !row.contains("query"))) {
     c.format = RowFormat::kAlpaca;
@@ -157,6 +266,7 @@ Conversation normalise_row(const Json& row, const std::string& where, const std:
     c.format = RowFormat::kText;
     c.text = string_field(row, "text", where);
     if (c.text.empty()) bad(where, "empty text");
+    attach_images(c, column, parts, has_column, base_dir);
     return c;
   } else {
     std::string keys;
@@ -167,6 +277,7 @@ Conversation normalise_row(const Json& row, const std::string& where, const std:
   apply_system(c.messages, system);
   if (c.messages.empty()) bad(where, "no assistant turn", "the conversation is empty");
   check_order(c.messages, where);
+  attach_images(c, column, parts, has_column || !parts.empty(), base_dir);
   return c;
 }
 

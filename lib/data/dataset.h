@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/fs.h"
@@ -25,7 +26,17 @@ struct Conversation {
   std::vector<ChatMessage> messages;  // empty for kText
   std::string text;                   // kText only
   std::string where;                  // "file:line" (JSONL) or "file[#index]" (JSON array), for messages
+  /// The images of the row, one per kImagePlaceholder in the text, in order of appearance (messages in order).
+  /// A relative path in the row is taken relative to the dataset file's folder; an absolute one is kept.
+  std::vector<fs::path> images;
 };
+
+/// The text that marks where an image goes in a message ("<image>", as ms-swift and LLaVA write it). A
+/// vision-language tokenizer maps it to the model's image token.
+constexpr std::string_view kImagePlaceholder = "<image>";
+
+/// The number of non-overlapping kImagePlaceholder occurrences in `text`. Does not throw.
+int64_t count_image_placeholders(std::string_view text);
 
 /// A bad row: what was wrong and where. The reason is a short stable phrase used to count skips.
 class BadRowError : public FormatError {
@@ -39,17 +50,28 @@ class BadRowError : public FormatError {
 };
 
 /// Recognises and normalises one row (auto-detected per row):
-///   {"messages": [{"role", "content", "loss"?|"loss_weight"?}]}   content: string or [{"type":"text","text"|"value"}]
+///   {"messages": [{"role", "content", "loss"?|"loss_weight"?}]}   content: string or a list of parts
 ///   {"conversations": [{"from": human|gpt|system, "value"}], "system"?}                        (ShareGPT)
 ///   {"instruction", "input"?, "output", "system"?, "history"?}                                 (Alpaca)
 ///   {"query", "response", "history"?: [[q, a], ...], "system"?}
 ///   {"text": "..."}                                                                            (plain text)
-/// `system_override`, when set, replaces the row's system prompt (or adds one).
+/// Content parts: {"type": "text", "text"|"value": "..."}, {"type": "image", "image": path | {"path": path}} and
+/// {"type": "image_url", "image_url": path | {"url": path}} (a local path, "file://" allowed); an image part
+/// becomes kImagePlaceholder at its place in the text and its path is appended to the row's images.
+/// Every form may carry "images": a list of paths (strings or {"path": ...}) or a single path string, one per
+/// placeholder in order. Relative image paths are resolved against `base_dir` (the dataset file's folder; empty:
+/// left relative). `system_override`, when set, replaces the row's system prompt (or adds one).
 /// Throws BadRowError naming `where` when the row has no assistant turn, roles out of order (after an optional
 /// system message, user and assistant must alternate, starting with user and ending with assistant), a
-/// non-string content, tool-call roles (not supported yet) or an unknown form.
+/// non-string content, tool-call roles (not supported yet) or an unknown form; and, for a row that has images
+/// (an "images" column or image parts), when "images" is malformed ("bad images"), both an "images" column and
+/// image parts hold images ("images given twice"), an assistant message holds an image ("image in an assistant
+/// message") or the placeholders over all messages do not match the images in number ("image count mismatch",
+/// naming both counts). A row without images keeps any "<image>" text as it is (the encoder of a
+/// vision-language model then refuses it).
 Conversation normalise_row(const Json& row, const std::string& where,
-                           const std::optional<std::string>& system_override = std::nullopt);
+                           const std::optional<std::string>& system_override = std::nullopt,
+                           const fs::path& base_dir = {});
 
 /// A dataset argument "path" or "path#N" (the first N rows).
 struct DatasetSource {

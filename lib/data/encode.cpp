@@ -1,10 +1,89 @@
 #include "data/encode.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "tokenizer/tokenizer.h"
+#include "vision/image.h"
+#include "vision/processor.h"
 
 namespace swiftcpp {
+
+namespace {
+
+// Features per image beyond any vision tower (LLaVA-1.5 at 336 px has 576; the largest tilings a few thousand),
+// low enough that expanded lengths cannot overflow.
+constexpr int64_t kMaxTokensPerImage = int64_t{1} << 20;
+
+void check_image_settings(int64_t image_token_id, int64_t tokens_per_image, const fs::path& model_dir) {
+  if (image_token_id < 0 || image_token_id > INT32_MAX) {
+    fail<ConfigError>("{}: image token id must be in [0, {}], got {}", model_dir.string(), INT32_MAX, image_token_id);
+  }
+  if (tokens_per_image < 1 || tokens_per_image > kMaxTokensPerImage) {
+    fail<ConfigError>("{}: image tokens per image must be in [1, {}], got {}", model_dir.string(), kMaxTokensPerImage,
+                      tokens_per_image);
+  }
+}
+
+// Reads and preprocesses one image of a row: [C, H, W] float32. A missing or undecodable file is a bad row.
+at::Tensor load_row_image(const fs::path& path, const ImageEncoding& settings, const std::string& where) {
+  const auto unreadable = [&](const Error& e) {
+    const std::string what = e.what();
+    throw BadRowError(where, "image unreadable",
+                      what.find(path.string()) == std::string::npos ? path.string() + ": " + what : what);
+  };
+  try {
+    const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+    return vision::preprocess_image(vision::read_image(path, max_pixels), *settings.processor, max_pixels);
+  } catch (const IoError& e) {
+    unreadable(e);
+  } catch (const FormatError& e) {
+    unreadable(e);
+  }
+  return {};  // not reached
+}
+
+}  // namespace
+
+ImageEncoding make_image_encoding(const fs::path& model_dir, int64_t image_token_id, int64_t tokens_per_image) {
+  check_image_settings(image_token_id, tokens_per_image, model_dir);
+  ImageEncoding e;
+  e.image_token_id = static_cast<int32_t>(image_token_id);
+  e.tokens_per_image = tokens_per_image;
+  e.processor = std::make_shared<const vision::ImageProcessorConfig>(vision::load_image_processor_config(model_dir));
+  e.model_dir = model_dir;
+  return e;
+}
+
+std::string image_encoding_fingerprint(const ImageEncoding& images) {
+  std::string fp = fmt::format("image_token={};per_image={};max_pixels={}", images.image_token_id,
+                               images.tokens_per_image, images.max_pixels);
+  if (const vision::ImageProcessorConfig* p = images.processor.get()) {
+    // Doubles in their shortest exact form ({}), so equal settings always give equal text.
+    fp += fmt::format(";resize={}:{}:{}x{}:{};crop={}:{}x{};rescale={}:{};normalize={}:{}:{};rgb={}", p->do_resize,
+                      p->shortest_edge, p->resize_height, p->resize_width, static_cast<int>(p->resample),
+                      p->do_center_crop, p->crop_height, p->crop_width, p->do_rescale, p->rescale_factor,
+                      p->do_normalize, fmt::join(p->image_mean, ","), fmt::join(p->image_std, ","), p->do_convert_rgb);
+  }
+  return fp;
+}
+
+std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_token_id, int64_t tokens_per_image) {
+  if (tokens_per_image < 1 || tokens_per_image > kMaxTokensPerImage) {
+    fail<ConfigError>("image tokens per image must be in [1, {}], got {}", kMaxTokensPerImage, tokens_per_image);
+  }
+  std::vector<int> out;
+  out.reserve(ids.size());
+  for (int id : ids) {
+    if (id == image_token_id) {
+      out.insert(out.end(), static_cast<size_t>(tokens_per_image), id);
+    } else {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
 
 TruncationStrategy parse_truncation_strategy(const std::string& name) {
   if (name == "delete") return TruncationStrategy::kDelete;
@@ -21,8 +100,22 @@ LossScale parse_loss_scale(const std::string& name) {
 
 SampleEncoder::SampleEncoder(std::shared_ptr<const TextTokenizer> tokenizer,
                              std::shared_ptr<const ChatTemplate> chat_template, EncodeOptions options)
-    : tokenizer_(std::move(tokenizer)), template_(std::move(chat_template)), options_(options) {
+    : tokenizer_(std::move(tokenizer)), template_(std::move(chat_template)), options_(std::move(options)) {
   if (options_.max_length < 2) fail<ConfigError>("max_length must be >= 2, got {}", options_.max_length);
+  if (options_.images) {
+    const ImageEncoding& im = *options_.images;
+    const std::string dir = im.model_dir.empty() ? std::string("the model folder") : im.model_dir.string();
+    check_image_settings(im.image_token_id, im.tokens_per_image, im.model_dir);
+    if (!im.processor) {
+      fail<ConfigError>("{}: image settings without an image processor (preprocessor_config.json)", dir);
+    }
+    const std::vector<int> ids = tokenizer_->encode_with_special_tokens(std::string(kImagePlaceholder));
+    if (ids != std::vector<int>{im.image_token_id}) {
+      fail<ConfigError>("the tokenizer in {} does not know '{}' as a special token: it encodes to [{}], but the "
+                        "model's image token is {} (image_token_index); add '{}' to the tokenizer's added tokens", dir,
+                        kImagePlaceholder, fmt::join(ids, ", "), im.image_token_id, kImagePlaceholder);
+    }
+  }
 }
 
 std::shared_ptr<const ChatTemplate> chat_template_for(const TextTokenizer& tokenizer, const std::string& name) {
@@ -42,15 +135,53 @@ std::vector<int> tokenize_rendered(const TextTokenizer& tokenizer, const std::st
 }
 
 std::vector<int> SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages) const {
+  return encode_prompt(messages, {}).ids;
+}
+
+EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages,
+                                           const std::vector<fs::path>& images) const {
+  EncodedPrompt prompt;
   if (!template_) {
     std::string text;
     for (const auto& m : messages) text += m.content;
-    return tokenize_rendered(*tokenizer_, text);
+    prompt.ids = tokenize_rendered(*tokenizer_, text);
+  } else {
+    prompt.ids = tokenize_rendered(*tokenizer_, template_->render_text(messages, /*add_generation_prompt=*/true));
   }
-  return tokenize_rendered(*tokenizer_, template_->render_text(messages, /*add_generation_prompt=*/true));
+  if (!options_.images) {
+    if (!images.empty()) {
+      fail<ConfigError>("{} image(s) given, but images need a vision-language model (this model takes text only)",
+                        images.size());
+    }
+    return prompt;
+  }
+  const ImageEncoding& im = *options_.images;
+  const auto tokens = std::count(prompt.ids.begin(), prompt.ids.end(), im.image_token_id);
+  if (tokens != static_cast<std::ptrdiff_t>(images.size())) {
+    fail<ConfigError>("image count mismatch: the prompt holds {} {} placeholder(s) but {} image(s) were given", tokens,
+                      kImagePlaceholder, images.size());
+  }
+  prompt.ids = expand_image_tokens(prompt.ids, im.image_token_id, im.tokens_per_image);
+  const int64_t max_pixels = im.max_pixels > 0 ? im.max_pixels : vision::kMaxImagePixels;
+  for (const fs::path& path : images) {
+    prompt.pixel_values.push_back(vision::preprocess_image(vision::read_image(path, max_pixels), *im.processor,
+                                                           max_pixels));  // [C, H, W]
+  }
+  return prompt;
 }
 
 std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
+  if (!c.images.empty() && !options_.images) {
+    throw BadRowError(c.where, "images need a vision-language model",
+                      fmt::format("the row has {} image(s), the model takes text only", c.images.size()));
+  }
+  if (options_.images) {
+    for (size_t i = 0; i < c.messages.size(); ++i) {
+      if (c.messages[i].role == "assistant" && count_image_placeholders(c.messages[i].content) > 0) {
+        throw BadRowError(c.where, "image in an assistant message", fmt::format("message {} holds an image", i));
+      }
+    }
+  }
   std::vector<int> ids;
   std::vector<char> trained;  // per token
   std::string prefix;
@@ -114,12 +245,51 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
     }
   }
 
+  // Images: each image token becomes a run of tokens_per_image, none of them a target.
+  std::vector<TokenSpan> runs;
+  if (options_.images) {
+    const ImageEncoding& im = *options_.images;
+    const auto tokens = std::count(ids.begin(), ids.end(), im.image_token_id);
+    if (tokens != static_cast<std::ptrdiff_t>(c.images.size())) {
+      throw BadRowError(c.where, "image count mismatch",
+                        fmt::format("{} image token(s) in the rendered text, {} image(s) given", tokens,
+                                    c.images.size()));
+    }
+    const int64_t expanded_length = static_cast<int64_t>(ids.size()) + tokens * (im.tokens_per_image - 1);
+    if (expanded_length > options_.max_length && options_.truncation == TruncationStrategy::kDelete) {
+      return std::nullopt;  // known without expanding
+    }
+    if (tokens > 0) {
+      std::vector<int> expanded;
+      std::vector<char> expanded_trained;
+      expanded.reserve(static_cast<size_t>(expanded_length));
+      for (size_t t = 0; t < ids.size(); ++t) {
+        if (ids[t] == im.image_token_id) {
+          const auto at = static_cast<int64_t>(expanded.size());
+          runs.push_back({at, at + im.tokens_per_image});
+          expanded.insert(expanded.end(), static_cast<size_t>(im.tokens_per_image), ids[t]);
+          expanded_trained.insert(expanded_trained.end(), static_cast<size_t>(im.tokens_per_image), 0);
+        } else {
+          expanded.push_back(ids[t]);
+          expanded_trained.push_back(trained[t]);
+        }
+      }
+      ids = std::move(expanded);
+      trained = std::move(expanded_trained);
+    }
+  }
+
   const int64_t n = static_cast<int64_t>(ids.size());
   int64_t begin = 0, end = n;
   if (n > options_.max_length) {
     if (options_.truncation == TruncationStrategy::kDelete) return std::nullopt;
     if (options_.truncation == TruncationStrategy::kLeft) begin = n - options_.max_length;
     else end = options_.max_length;
+    for (const TokenSpan& run : runs) {  // a cut inside an image's run drops the whole image
+      if (run.begin < begin && begin < run.end) begin = run.end;
+      if (run.begin < end && end < run.end) end = run.begin;
+    }
+    if (begin >= end) return std::nullopt;
   }
   Sample s;
   s.input_ids.assign(ids.begin() + begin, ids.begin() + end);
@@ -128,6 +298,11 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
     if (trained[t + 1]) s.labels[t - begin] = ids[t + 1];
   }
   if (s.label_tokens() == 0) return std::nullopt;
+  for (size_t i = 0; i < runs.size(); ++i) {  // the images whose runs were kept, in order
+    if (runs[i].begin >= begin && runs[i].end <= end) {
+      s.pixel_values.push_back(load_row_image(c.images[i], *options_.images, c.where));  // [C, H, W]
+    }
+  }
   return s;
 }
 

@@ -11,6 +11,9 @@
 namespace swiftcpp {
 
 class TextTokenizer;
+namespace vision {
+struct ImageProcessorConfig;
+}
 
 /// Tokenises rendered text exactly as training and inference both do: special-token strings become their ids,
 /// and BOS is prepended when the tokenizer adds one and the text does not already start with it (chat templates
@@ -29,10 +32,44 @@ TruncationStrategy parse_truncation_strategy(const std::string& name);
 /// Parses "default" | "last_round"; throws ConfigError listing the choices.
 LossScale parse_loss_scale(const std::string& name);
 
+/// How a vision-language model takes images: each kImagePlaceholder in the rendered text tokenises to
+/// `image_token_id` (a special token of the tokenizer) and is expanded to `tokens_per_image` copies of it, the
+/// positions the model fills with one image's features; the image file is read and preprocessed by `processor`.
+struct ImageEncoding {
+  int32_t image_token_id = -1;   // config.json's image_token_index (MultimodalConfig::image_token_index)
+  int64_t tokens_per_image = 0;  // features per image (MultimodalConfig::image_seq_length)
+  std::shared_ptr<const vision::ImageProcessorConfig> processor;  // preprocessor_config.json
+  int64_t max_pixels = 0;        // images larger than this (width * height) are refused; 0: vision::kMaxImagePixels
+  fs::path model_dir;            // where the tokenizer and processor come from, named in errors
+};
+
+/// The image settings of the vision-language checkpoint in `model_dir`: its preprocessor_config.json and the
+/// given image token id and features per image (from its config: MultimodalConfig). Throws like
+/// vision::load_image_processor_config, and ConfigError when image_token_id < 0 or tokens_per_image < 1.
+ImageEncoding make_image_encoding(const fs::path& model_dir, int64_t image_token_id, int64_t tokens_per_image);
+
+/// A stable text of everything in `images` that decides the encoded samples (token id, features per image, every
+/// processor setting), for cache keys and resume fingerprints. Does not throw.
+std::string image_encoding_fingerprint(const ImageEncoding& images);
+
+/// `ids` with every `image_token_id` repeated `tokens_per_image` times: the expanded layout a vision-language
+/// model takes, from ids that hold one image token per image (as transformers 4.40's LlavaProcessor gives them).
+/// Throws ConfigError when tokens_per_image < 1.
+std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_token_id, int64_t tokens_per_image);
+
 struct EncodeOptions {
   int64_t max_length = 2048;
   TruncationStrategy truncation = TruncationStrategy::kDelete;
   LossScale loss_scale = LossScale::kDefault;  // default: every assistant turn; last_round: the last one only
+  /// Set for a vision-language model; unset, a row with images is refused ("images need a vision-language model").
+  std::optional<ImageEncoding> images;
+};
+
+/// A generation prompt: its ids (image tokens expanded) and the preprocessed images, one [C, H, W] float32 per
+/// image-token run, in order.
+struct EncodedPrompt {
+  std::vector<int> ids;
+  std::vector<at::Tensor> pixel_values;
 };
 
 /// Encodes conversations the way inference will see them: the exact text the template renders (byte-identical
@@ -40,20 +77,43 @@ struct EncodeOptions {
 /// and `swiftcpp infer` feed the model the same ids. Labels are shifted (labels[t] is what position t predicts)
 /// and cover each trained assistant turn including its end-of-turn marker; a message with "loss": false (or
 /// loss_weight 0) is not trained. Plain-text rows become [BOS] text [EOS] with every token trained.
+///
+/// Images (options.images set): every kImagePlaceholder tokenises to the image token, which is expanded to
+/// tokens_per_image copies; the i-th run takes the i-th image of the conversation, read and preprocessed into
+/// Sample::pixel_values. No position is trained to predict an image token (the position before a run and every
+/// position inside it but the last have no label); the last position of a run predicts the token after it when
+/// that token is trained, as in Hugging Face's LLaVA. Truncation never cuts through a run: with "left" or "right"
+/// an image whose run would be cut is dropped whole (its tokens and its pixel values; the sample may end up
+/// shorter than max_length), images outside the kept window are dropped, and "delete" drops the whole row as
+/// for text.
 class SampleEncoder {
  public:
-  /// `chat_template` null means raw text (a base model without a chat template).
+  /// `chat_template` null means raw text (a base model without a chat template). Throws ConfigError when
+  /// max_length < 2, and, with options.images, when its settings are incomplete or the tokenizer does not
+  /// encode kImagePlaceholder to exactly image_token_id (naming options.images->model_dir).
   SampleEncoder(std::shared_ptr<const TextTokenizer> tokenizer, std::shared_ptr<const ChatTemplate> chat_template,
                 EncodeOptions options);
 
   /// The sample, or nullopt when it is longer than max_length and truncation is "delete", or when it has no
-  /// trained token left (e.g. every assistant turn has loss false). Throws BadRowError for a conversation the
-  /// template rejects.
+  /// trained token left (e.g. every assistant turn has loss false). Throws BadRowError naming the row's `where`
+  /// for a conversation the template rejects, and for images: a row with images on an encoder without image
+  /// settings ("images need a vision-language model"), image tokens in the text that do not match the row's
+  /// images in number ("image count mismatch"), an image token in an assistant turn ("image in an assistant
+  /// message"), an image that is missing, unreadable or not a supported JPEG/PNG ("image unreadable", naming the
+  /// file).
   std::optional<Sample> encode(const Conversation& conversation) const;
 
   /// The ids of a prompt for generation: the rendered conversation (ending with a user turn) plus the
-  /// template's generation prompt, tokenised exactly as encode() tokenises training text.
+  /// template's generation prompt, tokenised exactly as encode() tokenises training text. With image settings,
+  /// throws like encode_prompt(messages, {}) (a prompt holding image tokens needs its images).
   std::vector<int> encode_prompt(const std::vector<ChatMessage>& messages) const;
+
+  /// A prompt with images: the ids as encode_prompt(messages) gives them with each image token expanded to
+  /// tokens_per_image copies, and `images` read and preprocessed in order (the i-th for the i-th run). Throws
+  /// ConfigError when images are given to an encoder without image settings, or when the image tokens of the
+  /// prompt and `images` differ in number (naming both counts); IoError / FormatError naming the file when an
+  /// image cannot be read.
+  EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, const std::vector<fs::path>& images) const;
 
   const EncodeOptions& options() const { return options_; }
 

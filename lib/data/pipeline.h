@@ -41,12 +41,17 @@ struct TokenizedData {
 };
 
 /// Reads every dataset file (streamed: a file is never held whole in memory), normalises and encodes rows on
-/// `num_threads` workers in input order, drops rows too long for truncation "delete" (counted as "longer than
-/// max_length"), splits off validation data and shuffles with `seed`. With strict, the first bad row throws
-/// BadRowError naming file:line; otherwise bad rows are counted by reason in stats.skipped.
-/// With a cache_dir, the result is stored under a key hashed from the dataset files' bytes, the tokenizer files,
-/// `fingerprint` (template and encoder settings) and these options, and a later call with the same key loads it
-/// instead of preprocessing. Throws IoError / FormatError / ConfigError as the readers do.
+/// `num_threads` workers in input order (relative image paths resolved against each dataset file's folder; the
+/// workers read and preprocess images as they encode text), drops rows too long for truncation "delete" (counted
+/// as "longer than max_length"), splits off validation data and shuffles with `seed`. With strict, the first bad
+/// row throws BadRowError naming file:line; otherwise bad rows are counted by reason in stats.skipped.
+/// With a cache_dir, the result (token ids, labels and preprocessed pixel_values) is stored under a key hashed
+/// from the dataset files' bytes, the tokenizer files, `fingerprint` (template and encoder settings), the
+/// encoder's image settings (image_encoding_fingerprint) and these options; the file also records the hash of
+/// every image file the rows reference (each hashed once, before it is decoded), and a later call with the same
+/// key loads it instead of preprocessing unless one of those images changed, appeared or disappeared. A damaged
+/// cache file or one of another format version is rebuilt. Throws IoError / FormatError / ConfigError as the
+/// readers do.
 TokenizedData prepare_data(const DataOptions& options, const SampleEncoder& encoder, const std::string& fingerprint);
 
 /// Hashes of the tokenizer and config files of a checkpoint folder, for cache keys and resume checks. Throws IoError.

@@ -41,7 +41,16 @@ struct RowState {
   bool finished = false;
 };
 
-std::vector<int> to_int(const std::vector<int64_t>& ids) { return std::vector<int>(ids.begin(), ids.end()); }
+// The ids that have text: a model may sample one of the embedding rows it has beyond its tokenizer's vocabulary
+// (padding rows); those decode to nothing, as Hugging Face's fast tokenizers skip ids they do not know.
+std::vector<int> text_ids(const TextTokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<int> out;
+  out.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (tokenizer.knows(static_cast<int>(id))) out.push_back(static_cast<int>(id));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -57,7 +66,7 @@ std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
   return {static_cast<int64_t>(*tokenizer_->specials().bos)};
 }
 
-at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt) {
+at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const at::Tensor& pixel_values) {
   const int64_t context = model_->config().max_position_embeddings;
   if (static_cast<int64_t>(prompt.size()) > context) {
     fail<ConfigError>("the prompt has {} tokens, more than the model's context of {} positions (max_position_embeddings)",
@@ -65,7 +74,9 @@ at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt) {
   }
   c10::InferenceMode guard;
   const at::Tensor ids = at::tensor(prompt, at::kLong).view({1, -1}).to(model_->device());
-  return model_->forward(ids).squeeze(0).to(at::kCPU, at::kFloat);  // [T, V]
+  ForwardOptions options;
+  if (pixel_values.defined() && pixel_values.numel() > 0) options.pixel_values = pixel_values.to(model_->device());
+  return model_->forward(ids, options).squeeze(0).to(at::kCPU, at::kFloat);  // [T, V]
 }
 
 std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<int64_t>>& prompts,
@@ -151,7 +162,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
     for (auto it = p.rbegin(); it != p.rend() && rows[b].context.size() < 8; ++it) {
       if (*it != image_id) rows[b].context.insert(rows[b].context.begin(), *it);
     }
-    rows[b].context_text = tokenizer_->decode(to_int(rows[b].context));
+    rows[b].context_text = tokenizer_->decode(text_ids(*tokenizer_, rows[b].context));
   }
   if (most == 0) {  // max_new_tokens 0, or every prompt fills the context
     for (auto& r : results) r.finish_reason = "length";
@@ -195,9 +206,9 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
       const bool is_eos = std::find(config.eos_ids.begin(), config.eos_ids.end(), id) != config.eos_ids.end();
       std::vector<int64_t> visible = row.context;
       visible.insert(visible.end(), res.new_ids.begin(), res.new_ids.end() - (is_eos ? 1 : 0));
-      std::string text = tokenizer_->decode(to_int(visible));
+      std::string text = tokenizer_->decode(text_ids(*tokenizer_, visible));
       text = text.compare(0, row.context_text.size(), row.context_text) == 0 ? text.substr(row.context_text.size())
-                                                                             : tokenizer_->decode(to_int(std::vector<int64_t>(res.new_ids.begin(), res.new_ids.end() - (is_eos ? 1 : 0))));
+                                                                             : tokenizer_->decode(text_ids(*tokenizer_, std::vector<int64_t>(res.new_ids.begin(), res.new_ids.end() - (is_eos ? 1 : 0))));
       size_t stop_at = std::string::npos;
       for (const auto& stop : config.stop_strings) {
         const size_t found = text.find(stop, row.emitted > stop.size() ? row.emitted - stop.size() : 0);

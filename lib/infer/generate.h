@@ -51,9 +51,10 @@ class Generator {
   /// Throws ConfigError when the text is empty and the tokenizer has no BOS.
   std::vector<int64_t> encode_prompt(const std::string& text) const;
 
-  /// Full logits of one prompt without a cache: [T, V] float32 on the CPU. Throws ConfigError when the prompt is
-  /// longer than max_position_embeddings.
-  at::Tensor prompt_logits(const std::vector<int64_t>& prompt);
+  /// Full logits of one prompt without a cache: [T, V] float32 on the CPU; a vision-language model takes the
+  /// prompt's images as pixel_values [N, C, H, W]. Throws ConfigError when the prompt is longer than
+  /// max_position_embeddings.
+  at::Tensor prompt_logits(const std::vector<int64_t>& prompt, const at::Tensor& pixel_values = {});
 
   CausalLM& model() { return model_; }
   const TextTokenizer& tokenizer() const { return *tokenizer_; }

@@ -457,9 +457,7 @@ void write_checkpoint_folder(const fs::path& out_dir_given, const fs::path& sour
   if (ec) fail<IoError>("cannot create {}: {}", tmp.string(), ec.message());
   try {
     save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
-    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
-                             "added_tokens.json", "LICENSE"}) {
+    for (const std::string& name : model_asset_files()) {
       if (fs::exists(source_dir / name)) fs::copy_file(source_dir / name, tmp / name);
     }
     write_file_atomic(tmp / "config.json", config_json);
@@ -471,6 +469,15 @@ void write_checkpoint_folder(const fs::path& out_dir_given, const fs::path& sour
     fs::remove_all(tmp, ec);
     throw;
   }
+}
+
+const std::vector<std::string>& model_asset_files() {
+  static const std::vector<std::string> names = {
+      "generation_config.json", "tokenizer.json",   "tokenizer.model",          "tokenizer_config.json",
+      "special_tokens_map.json", "vocab.json",      "merges.txt",               "chat_template.jinja",
+      "chat_template.json",     "added_tokens.json", "preprocessor_config.json", "processor_config.json",
+      "LICENSE"};
+  return names;
 }
 
 }  // namespace swiftcpp

@@ -122,6 +122,10 @@ class Checkpoint {
 void save_safetensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// The files of a Hugging Face checkpoint folder besides config.json and the weights that travel with a model
+/// written from it (tokenizer, chat template, generation defaults, image processor, licence).
+const std::vector<std::string>& model_asset_files();
+
 /// Writes a Hugging Face checkpoint folder: `tensors` as model.safetensors, `config_json` as config.json, and the
 /// tokenizer and generation files of `source_dir` copied. The folder is filled under a temporary name beside
 /// `out_dir` and renamed into place (an existing `out_dir` is replaced only then); on failure nothing is left

@@ -75,7 +75,7 @@ void freeze_base(CausalLM& model) {
 void unfreeze_saved(CausalLM& model, const std::vector<std::string>& names) {
   at::NoGradGuard no_grad;
   for (auto& [path, module] : saved_modules(model, names)) {
-    for (auto& p : module->parameters(false)) {
+    for (auto& p : module->parameters(/*recurse=*/true)) {
       p.set_data(p.detach().clone());
       p.requires_grad_(true);
     }
@@ -86,14 +86,33 @@ void unfreeze_saved(CausalLM& model, const std::vector<std::string>& names) {
 
 double LoraConfig::scale() const { return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / r; }
 
-std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<std::string>& targets) {
+std::vector<std::string> lora_target_paths(CausalLM& model, const LoraConfig& config) {
   const auto layers = linear_layers(model);
   std::vector<std::string> paths;
+  if (config.target_modules_regex) {
+    const std::string& pattern = config.target_modules.at(0);
+    std::regex re;
+    try {
+      re = std::regex(pattern);
+    } catch (const std::regex_error& e) {
+      fail<ConfigError>("target_modules regex '{}' is invalid: {}", pattern, e.what());
+    }
+    for (const auto& [path, linear] : layers) {
+      if (std::regex_match(path, re)) paths.push_back(path);
+    }
+    if (paths.empty()) fail<ConfigError>("target_modules regex '{}' matches no linear layer of the {} model", pattern,
+                                         model->config().model_type);
+    return paths;
+  }
+  // Vision-language models: names select within the language model.
+  const std::string prefix = model->language_model_prefix();
+  const auto in_scope = [&](const std::string& path) { return path.compare(0, prefix.size(), prefix) == 0; };
   std::set<std::string> chosen;
-  for (const auto& target : targets) {
+  for (const auto& target : config.target_modules) {
     bool found = false;
     for (const auto& [path, linear] : layers) {
-      const bool hit = target == "all-linear" ? path != "lm_head" : path_matches(path, target);
+      if (!in_scope(path)) continue;
+      const bool hit = target == "all-linear" ? path != prefix + "lm_head" : path_matches(path, target);
       if (hit) {
         found = true;
         chosen.insert(path);
@@ -101,7 +120,9 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<st
     }
     if (!found) {
       std::set<std::string> names;
-      for (const auto& [path, linear] : layers) names.insert(path.substr(path.rfind('.') + 1));
+      for (const auto& [path, linear] : layers) {
+        if (in_scope(path)) names.insert(path.substr(path.rfind('.') + 1));
+      }
       fail<ConfigError>("target_modules: '{}' matches no linear layer of the {} model (it has: {}, or all-linear)",
                         target, model->config().model_type, fmt::join(names, ", "));
     }
@@ -114,7 +135,7 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<st
 
 void inject_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   if (config.r < 1) fail<ConfigError>("lora_rank must be at least 1, got {}", config.r);
-  const auto paths = lora_target_paths(model, config.target_modules);
+  const auto paths = lora_target_paths(model, config);
   freeze_base(model);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   const auto linears = linear_by_path(model);
@@ -153,7 +174,7 @@ std::vector<TrainableTensor> adapter_tensors(CausalLM& model, const LoraConfig& 
     }
   }
   for (auto& [path, module] : saved_modules(model, config.modules_to_save)) {
-    for (const auto& p : module->named_parameters(false)) {
+    for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       out.push_back({kPrefix + path + "." + p.key(), p.value(), p.value().dim() >= 2});
     }
   }
@@ -184,7 +205,7 @@ Json adapter_config_json(const LoraConfig& c) {
   j["revision"] = nullptr;
   std::vector<std::string> targets = c.target_modules;
   std::sort(targets.begin(), targets.end());
-  if (targets.size() == 1 && targets[0] == "all-linear") j["target_modules"] = "all-linear";
+  if (c.target_modules_regex || (targets.size() == 1 && targets[0] == "all-linear")) j["target_modules"] = targets.at(0);
   else j["target_modules"] = targets;
   j["task_type"] = "CAUSAL_LM";
   j["use_dora"] = c.use_dora;
@@ -254,7 +275,10 @@ LoraConfig parse_adapter_config(const fs::path& config_path, std::string& target
 LoraConfig read_adapter_config(const fs::path& dir) {
   std::string regex;
   LoraConfig c = parse_adapter_config(dir / "adapter_config.json", regex);
-  if (!regex.empty()) c.target_modules = {regex};
+  if (!regex.empty()) {
+    c.target_modules = {regex};
+    c.target_modules_regex = true;
+  }
   return c;
 }
 
@@ -266,29 +290,15 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     fail<IoError>("{}: no adapter_model.safetensors (PEFT adapters are read from safetensors; convert a .bin "
                   "adapter with peft first)", dir.string());
   }
-  std::string target_regex;
-  LoraConfig c = parse_adapter_config(config_path, target_regex);
+  LoraConfig c = read_adapter_config(dir);
   const std::string origin = config_path.string();
 
   // Which linear layers the config selects.
   std::vector<std::string> paths;
-  if (!target_regex.empty()) {
-    std::regex re;
-    try {
-      re = std::regex(target_regex);
-    } catch (const std::regex_error& e) {
-      fail<ConfigError>("{}: target_modules regex '{}' is invalid: {}", origin, target_regex, e.what());
-    }
-    for (const auto& [path, linear] : linear_layers(model)) {
-      if (std::regex_match(path, re)) paths.push_back(path);
-    }
-    c.target_modules = {target_regex};
-  } else {
-    try {
-      paths = lora_target_paths(model, c.target_modules);
-    } catch (const ConfigError& e) {
-      fail<ModelError>("{}: adapter does not fit this model: {}", origin, e.what());
-    }
+  try {
+    paths = lora_target_paths(model, c);
+  } catch (const ConfigError& e) {
+    fail<ModelError>("{}: adapter does not fit this model: {}", origin, e.what());
   }
 
   const Checkpoint file = Checkpoint::open(weights_path);
@@ -337,7 +347,7 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_values;
   for (auto& [path, module] : saved_modules(model, c.modules_to_save)) {
-    for (const auto& p : module->named_parameters(false)) {
+    for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const at::Tensor v = take(kPrefix + path + "." + p.key(), p.value().sizes().vec());
       if (v.defined()) saved_values.emplace_back(p.value(), v);
     }

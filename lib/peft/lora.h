@@ -21,6 +21,8 @@ struct LoraConfig {
   double lora_alpha = 16;
   double lora_dropout = 0.0;
   std::vector<std::string> target_modules = {"all-linear"};  // module names (q_proj, ...) or "all-linear"
+  bool target_modules_regex = false;  // target_modules[0] is a regex matched against whole module paths (PEFT's
+                                      // string form, e.g. "language_model\.model\.layers\.\d+\.mlp\..*")
   bool use_rslora = false;
   bool use_dora = false;
   std::vector<std::string> modules_to_save;  // whole modules trained and saved with the adapter (lm_head, ...)
@@ -38,9 +40,12 @@ struct TrainableTensor {
 };
 
 /// The module paths ("model.layers.0.self_attn.q_proj") a config's target_modules select: a path matches a target
-/// when it ends with ".<target>" or equals it; "all-linear" selects every linear layer except lm_head. Throws
-/// ConfigError naming a target that matches nothing, with the linear-layer names the model has.
-std::vector<std::string> lora_target_paths(CausalLM& model, const std::vector<std::string>& targets);
+/// when it ends with ".<target>" or equals it; "all-linear" selects every linear layer except lm_head. In a
+/// vision-language model names and all-linear select within the language model only (the vision tower and the
+/// aligner are trained in full through modules_to_save, or frozen). With target_modules_regex the one pattern
+/// must match a whole path (PEFT's re.fullmatch). Throws ConfigError naming a target that matches nothing, with
+/// the linear-layer names the model has, or an invalid regex.
+std::vector<std::string> lora_target_paths(CausalLM& model, const LoraConfig& config);
 
 /// Attaches fresh adapters as PEFT initialises them: A Kaiming-uniform (bound 1/sqrt(in)) from a generator
 /// seeded with `seed`, B zeros (so the model's output is unchanged), DoRA magnitudes = row norms of W. Freezes

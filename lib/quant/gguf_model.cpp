@@ -298,6 +298,11 @@ uint32_t file_type(GgmlType t) {
 GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const fs::path& file,
                              const GgufExportOptions& options) {
   const DecoderConfig& c = model->config();
+  if (c.multimodal) {
+    fail<ConfigError>("GGUF export of {}: it is a vision-language model ({}), and llama.cpp keeps the vision tower and "
+                      "projector in a separate mmproj file that swiftcpp does not write; export it with --format hf",
+                      model_dir.string(), c.architecture);
+  }
   if (model->has_packed_weights()) {
     fail<ConfigError>("GGUF export of {}: its linear layers are packed integers (a GPTQ-layout checkpoint); export the "
                       "float model instead", model_dir.string());

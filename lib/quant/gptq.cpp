@@ -97,12 +97,14 @@ PackedWeight gptq_quantize(const at::Tensor& weight, const at::Tensor& hessian, 
 }
 
 namespace {
-// The linear layers of the decoder blocks, by module path.
+// The linear layers of the decoder blocks, by module path (language_model.model.layers.* in a vision-language
+// model: its vision tower and projector stay in float).
 std::map<std::string, nn::LinearImpl*> block_linears(CausalLM& model) {
   std::map<std::string, nn::LinearImpl*> out;
+  const std::string blocks = model->language_model_prefix() + "model.layers.";
   for (const auto& item : model->named_modules("", false)) {
     auto* linear = item.value()->as<nn::Linear>();
-    if (linear != nullptr && item.key().rfind("model.layers.", 0) == 0) out[item.key()] = linear;
+    if (linear != nullptr && item.key().rfind(blocks, 0) == 0) out[item.key()] = linear;
   }
   return out;
 }
@@ -152,7 +154,7 @@ std::map<std::string, PackedWeight> quantize_model_gptq(CausalLM& model,
   std::map<std::string, PackedWeight> packed;
   for (int64_t l = 0; l < layers; ++l) {
     auto* layer = model->model->layers[l]->as<DecoderLayer>();
-    const std::string prefix = "model.layers." + std::to_string(l) + ".";
+    const std::string prefix = model->language_model_prefix() + "model.layers." + std::to_string(l) + ".";
     const std::vector<std::vector<std::pair<std::string, nn::LinearImpl*>>> stages = {
         {{"self_attn.q_proj", layer->self_attn->q_proj.get()},
          {"self_attn.k_proj", layer->self_attn->k_proj.get()},

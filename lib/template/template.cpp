@@ -309,6 +309,31 @@ class Raw : public Family {
   }
 };
 
+// LLaVA-1.5 (the Vicuna v1 conversation LLaVA was trained with, as llava-hf's model cards prompt it): BOS, a system
+// message written as "{system} ", then "USER: {user} " and "ASSISTANT: {assistant}{EOS}" per turn, turns
+// concatenated directly; generation prompt "ASSISTANT:". Images stay "<image>" placeholders in the user text.
+class Llava : public Family {
+ public:
+  using Family::Family;
+
+ private:
+  void emit(const std::vector<ChatMessage>& messages, bool add_generation_prompt, Segments& out) const override {
+    out.text(bos_);
+    for (const ChatMessage& m : messages) {
+      if (m.role == "system") {
+        out.text(m.content + " ");
+      } else if (m.role == "user") {
+        out.text("USER: " + m.content + " ");
+      } else {
+        // The space after "ASSISTANT:" is trained, as llama2's after "[/INST]": in sentencepiece it is part of the
+        // answer's first token.
+        out.turn("ASSISTANT:", " " + m.content, eos_, "", is_trained(m));
+      }
+    }
+    if (add_generation_prompt) out.text("ASSISTANT:");
+  }
+};
+
 using Maker = std::function<std::shared_ptr<const ChatTemplate>(const std::string& bos, const std::string& eos)>;
 
 struct FamilyEntry {
@@ -341,6 +366,7 @@ const std::vector<FamilyEntry>& families() {
       {"mistral", "<s>", "</s>", maker<Mistral>("mistral")},
       {"gemma", "<bos>", "<eos>", maker<Gemma>("gemma")},
       {"phi3", "<s>", "<|endoftext|>", maker<Phi3>("phi3")},
+      {"llava", "<s>", "</s>", maker<Llava>("llava")},
       {"default", "", "", maker<Default>("default")},
       {"raw", "", "", maker<Raw>("raw")},
   };
@@ -406,7 +432,9 @@ std::string classify(const std::string& text, const std::string& origin) {
     }
     return "mistral";
   }
-  unsupported("matches none of the known families (ChatML, Llama 3, Llama 2, Mistral, Gemma, Phi-3)");
+  // Vicuna v1 / LLaVA-1.5 roles, written out or as llava-hf's template spells them (role.upper() + ': ').
+  if (has("ASSISTANT:") && (has("USER: ") || has(".upper() + ': '"))) return "llava";
+  unsupported("matches none of the known families (ChatML, Llama 3, Llama 2, Mistral, Gemma, Phi-3, LLaVA)");
   return "";  // not reached
 }
 
@@ -445,7 +473,15 @@ std::string detect_chat_template(const fs::path& model_dir) {
       break;
     }
   }
-  if (!text || text->empty()) return "";
+  if (!text || text->empty()) {
+    // LLaVA-1.5 checkpoints often ship no chat template: their config.json names the family.
+    if (const fs::path path = model_dir / "config.json"; fs::exists(path)) {
+      const JsonObject config = JsonObject::load(path);
+      const Json& raw = config.raw();
+      if (raw.contains("model_type") && raw.at("model_type") == Json("llava")) return "llava";
+    }
+    return "";
+  }
   return classify(*text, origin);
 }
 

@@ -150,6 +150,39 @@ std::vector<int> TextTokenizer::encode_with_special_tokens(const std::string& te
   return ids;
 }
 
+std::string TextTokenizer::decode(const std::vector<int>& ids) const {
+  if (token_strings_.empty()) return base_->decode(ids);
+  std::string text;
+  std::vector<int> run;
+  for (int id : ids) {
+    const AddedToken* token = nullptr;
+    for (const AddedToken& candidate : token_strings_.tokens()) {
+      if (candidate.id == id) {
+        token = &candidate;
+        break;
+      }
+    }
+    // Ids of the base vocabulary go to the base (a token string may name a base piece too).
+    if (token == nullptr || (id >= 0 && id < base_->vocab_size())) {
+      run.push_back(id);
+      continue;
+    }
+    if (!run.empty()) text += base_->decode(run);
+    run.clear();
+    if (!token->special) text += token->content;
+  }
+  if (!run.empty()) text += base_->decode(run);
+  return text;
+}
+
+bool TextTokenizer::knows(int id) const {
+  if (id >= 0 && id < base_->vocab_size()) return true;
+  for (const AddedToken& t : token_strings_.tokens()) {
+    if (t.id == id) return true;
+  }
+  return false;
+}
+
 std::string TextTokenizer::decode_with_special_tokens(const std::vector<int>& ids) const {
   if (token_strings_.empty()) return base_->decode_with_special_tokens(ids);
   std::string text;

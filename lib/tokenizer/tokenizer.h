@@ -126,7 +126,12 @@ class TextTokenizer : public Tokenizer {
   std::vector<int> encode(const std::string& text) const override { return base_->encode(text); }
   /// Splits on the token strings given to the constructor, or asks the base when there are none.
   std::vector<int> encode_with_special_tokens(const std::string& text) const override;
-  std::string decode(const std::vector<int>& ids) const override { return base_->decode(ids); }
+  /// The base's decode, with the token strings given to the constructor handled here: special ones decode to
+  /// nothing (as BOS and EOS), others to their text. Throws like the base for ids it does not know.
+  std::string decode(const std::vector<int>& ids) const override;
+  /// Whether decode() knows `id`: the base's vocabulary or one of the token strings. Models often have more
+  /// embedding rows than their tokenizer has tokens; ids of those rows have no text. Does not throw.
+  bool knows(int id) const;
   /// Renders the token strings given to the constructor, or asks the base when there are none.
   std::string decode_with_special_tokens(const std::vector<int>& ids) const override;
   int vocab_size() const override { return base_->vocab_size(); }

@@ -10,8 +10,13 @@
 
 namespace swiftcpp {
 
-std::vector<ChunkGroup> plan_chunks(const std::vector<int64_t>& lengths, int64_t chunk_size) {
+std::vector<ChunkGroup> plan_chunks(const std::vector<int64_t>& lengths, int64_t chunk_size,
+                                    const std::vector<std::vector<TokenSpan>>& image_runs) {
   if (chunk_size < 1) fail<ConfigError>("chunk_size must be at least 1 (got {})", chunk_size);
+  if (!image_runs.empty() && image_runs.size() != lengths.size()) {
+    fail<ConfigError>("plan_chunks: image runs for {} samples, but {} sample lengths", image_runs.size(),
+                      lengths.size());
+  }
   std::vector<size_t> long_ones;
   std::vector<size_t> short_ones;
   std::vector<int64_t> short_lengths;
@@ -27,10 +32,24 @@ std::vector<ChunkGroup> plan_chunks(const std::vector<int64_t>& lengths, int64_t
   std::stable_sort(long_ones.begin(), long_ones.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
   std::vector<ChunkGroup> groups;
   for (size_t i : long_ones) {
+    static const std::vector<TokenSpan> kNone;
+    const std::vector<TokenSpan>& runs = image_runs.empty() ? kNone : image_runs[i];
+    for (const TokenSpan& run : runs) {
+      if (run.end - run.begin > chunk_size) {
+        fail<ConfigError>("chunk_size {} is smaller than an image's {} tokens (sample {} of {} tokens): chunk_size "
+                          "must be at least image_seq_length", chunk_size, run.end - run.begin, i, lengths[i]);
+      }
+    }
     ChunkGroup g;
     g.dependent = true;
-    for (int64_t begin = 0; begin < lengths[i]; begin += chunk_size) {
-      g.chunks.push_back({ChunkSpan{i, begin, std::min(lengths[i], begin + chunk_size)}});
+    size_t next_run = 0;  // the first run that does not end before `begin`
+    for (int64_t begin = 0, end = 0; begin < lengths[i]; begin = end) {
+      end = std::min(lengths[i], begin + chunk_size);
+      while (next_run < runs.size() && runs[next_run].end <= begin) ++next_run;
+      for (size_t r = next_run; r < runs.size() && runs[r].begin < end; ++r) {
+        if (end < runs[r].end) end = runs[r].begin;  // inside the run: the boundary moves to before it
+      }
+      g.chunks.push_back({ChunkSpan{i, begin, end}});
     }
     groups.push_back(std::move(g));
   }
@@ -51,8 +70,9 @@ int64_t ChunkedBatch::chunks() const {
 
 namespace {
 
-// One dependent chunk: tokens [begin, end) of a sample, positions begin..end-1, no padding.
-Batch slice_batch(const Sample& s, int64_t begin, int64_t end) {
+// One dependent chunk: tokens [begin, end) of a sample, positions begin..end-1, no padding, with the images whose
+// runs lie inside it.
+Batch slice_batch(const Sample& s, int64_t begin, int64_t end, const std::vector<TokenSpan>& runs) {
   const int64_t T = end - begin;
   Batch b;
   b.input_ids = at::empty({1, T}, at::kLong);
@@ -66,22 +86,46 @@ Batch slice_batch(const Sample& s, int64_t begin, int64_t end) {
   }
   b.position_ids = at::arange(begin, end, at::kLong).unsqueeze(0);
   b.real_tokens = T;
+  Sample images;  // the chunk's images, in order
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (runs[r].begin >= begin && runs[r].end <= end) images.pixel_values.push_back(s.pixel_values[r]);
+  }
+  b.pixel_values = stack_pixel_values({&images});  // [N, C, H, W]
   return b;
 }
 
 }  // namespace
 
-ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int64_t chunk_size, int32_t pad_id) {
+ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int64_t chunk_size, int32_t pad_id,
+                                 const ImageTokenLayout& images) {
   std::vector<int64_t> lengths;
   lengths.reserve(samples.size());
   for (const Sample* s : samples) lengths.push_back(static_cast<int64_t>(s->input_ids.size()));
+  std::vector<std::vector<TokenSpan>> runs;  // per sample, its images' token spans (empty for text batches)
+  const bool any_images =
+      std::any_of(samples.begin(), samples.end(), [](const Sample* s) { return !s->pixel_values.empty(); });
+  if (any_images || images.per_image > 0) {
+    if (images.per_image < 1) {
+      fail<ConfigError>("ChunkFlow: the samples hold images, so chunking needs the model's image token id and "
+                        "image_seq_length");
+    }
+    for (size_t i = 0; i < samples.size(); ++i) {
+      runs.push_back(image_token_runs(samples[i]->input_ids, images));
+      if (runs.back().size() != samples[i]->pixel_values.size()) {
+        fail<ConfigError>("ChunkFlow: sample {} holds {} image-token runs but {} images", i, runs.back().size(),
+                          samples[i]->pixel_values.size());
+      }
+    }
+  }
+  static const std::vector<TokenSpan> kNone;
   ChunkedBatch out;
-  for (const auto& group : plan_chunks(lengths, chunk_size)) {
+  for (const auto& group : plan_chunks(lengths, chunk_size, runs)) {
     if (group.dependent) {
       std::vector<Batch> chunks;
       for (const auto& chunk : group.chunks) {
         const ChunkSpan& span = chunk.front();
-        chunks.push_back(slice_batch(*samples[span.sample], span.begin, span.end));
+        const std::vector<TokenSpan>& sample_runs = runs.empty() ? kNone : runs[span.sample];
+        chunks.push_back(slice_batch(*samples[span.sample], span.begin, span.end, sample_runs));
       }
       out.sequences.push_back(std::move(chunks));
     } else {

@@ -31,8 +31,13 @@ struct ChunkGroup {
 /// Plans a global batch from its sample lengths: samples of at most `chunk_size` tokens are packed best fit
 /// decreasing into standalone chunks of at most `chunk_size`; a longer sample of length L becomes ceil(L / C)
 /// dependent chunks (the last one shorter). Split samples come first, longest first; then standalone chunks.
-/// Every token of every sample lies in exactly one chunk. Throws ConfigError when chunk_size < 1.
-std::vector<ChunkGroup> plan_chunks(const std::vector<int64_t>& lengths, int64_t chunk_size);
+/// Every token of every sample lies in exactly one chunk. `image_runs`, when not empty, holds per sample the
+/// token spans of its images (ascending, not overlapping): a chunk boundary never falls inside one, it moves back
+/// to where the run starts (so a sample with images may take more than ceil(L / C) chunks). Throws ConfigError
+/// when chunk_size < 1, when image_runs is neither empty nor one list per sample, or when an image run of a
+/// sample to be split is longer than chunk_size (chunk_size must be at least image_seq_length).
+std::vector<ChunkGroup> plan_chunks(const std::vector<int64_t>& lengths, int64_t chunk_size,
+                                    const std::vector<std::vector<TokenSpan>>& image_runs = {});
 
 /// One global batch as ChunkFlow runs it.
 struct ChunkedBatch {
@@ -46,7 +51,12 @@ struct ChunkedBatch {
 
 /// Builds the chunks of `samples` (plan_chunks on their lengths). Labels are shifted before splitting (Sample's
 /// labels[t] already names token t + 1), so a chunk's last position predicts the next chunk's first token.
-ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int64_t chunk_size, int32_t pad_id);
+/// Samples with images need `images` (the model's image token id and image_seq_length): chunk boundaries then
+/// never cut an image's run, and each chunk's Batch carries the pixel_values of exactly the runs it holds
+/// ([N, C, H, W], undefined when none). Throws ConfigError as plan_chunks does, when a sample has images and
+/// `images` is unset, or when a sample's image runs and pixel_values differ in number.
+ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int64_t chunk_size, int32_t pad_id,
+                                 const ImageTokenLayout& images = {});
 
 /// Forwards the state-aware schedule runs for a sample of n chunks keeping k graphs: n + max(0, n - k).
 int64_t chunkflow_forward_count(int64_t n, int64_t k);

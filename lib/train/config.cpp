@@ -35,6 +35,11 @@ ConfigSchema<TrainConfig> make_schema() {
       .integer("quant_bits", &C::quant_bits, "QLoRA: the frozen base's linear layers packed to int4 or int8 (0: float)", 0, 8)
       .integer("quant_group_size", &C::quant_group_size, "QLoRA: input columns per quantisation scale (-1: one per output row)", -1, 1 << 20)
       .strings("modules_to_save", &C::modules_to_save, "modules trained in full beside the adapter (lm_head, embed_tokens)")
+      .boolean("freeze_vit", &C::freeze_vit, "vision-language models: keep the vision tower frozen")
+      .boolean("freeze_aligner", &C::freeze_aligner, "vision-language models: keep the projector (aligner) frozen; "
+               "otherwise it trains in full (saved as modules_to_save with LoRA)")
+      .boolean("freeze_llm", &C::freeze_llm, "vision-language models: keep the language model frozen (no adapters "
+               "on it with LoRA)")
       .strings("dataset", &C::dataset, "training data files, each 'path' or 'path#N' (first N rows)")
       .strings("val_dataset", &C::val_dataset, "validation data files")
       .number("split_dataset_ratio", &C::split_dataset_ratio, "share of dataset held out for validation", 0.0, 0.99)

@@ -32,6 +32,11 @@ struct TrainConfig {
   int64_t quant_bits = 0;         // QLoRA: 4 or 8 packs the frozen base linear layers (0: float base)
   int64_t quant_group_size = 64;  // QLoRA: input columns per quantisation scale
   std::vector<std::string> modules_to_save;
+  // Vision-language models: which parts train (ms-swift's keys). With LoRA the adapters go on the language model,
+  // and a part that is not frozen (aligner, vision tower) is trained in full and saved as modules_to_save.
+  bool freeze_vit = true;
+  bool freeze_aligner = false;
+  bool freeze_llm = false;
 
   // Data
   std::vector<std::string> dataset;

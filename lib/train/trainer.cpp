@@ -158,6 +158,32 @@ LoraConfig requested_lora(const TrainConfig& config) {
   return lora;
 }
 
+namespace {
+bool under(const std::string& path, const std::string& module) {
+  return path == module || path.compare(0, module.size() + 1, module + ".") == 0;
+}
+
+// Full fine-tuning of a vision-language model: whether a parameter belongs to a part the recipe freezes.
+bool frozen_part(const std::string& name, const MultimodalConfig& mm, const TrainConfig& c) {
+  for (const auto& m : mm.vision_tower) if (c.freeze_vit && under(name, m)) return true;
+  for (const auto& m : mm.aligner) if (c.freeze_aligner && under(name, m)) return true;
+  return c.freeze_llm && under(name, mm.language_model);
+}
+
+// LoRA on a vision-language model: the aligner (unless frozen) and the vision tower (when not frozen) train in
+// full beside the adapters, saved as PEFT saves modules_to_save.
+void add_multimodal_parts(LoraConfig& lora, const MultimodalConfig& mm, const TrainConfig& c) {
+  std::vector<std::string> parts;
+  if (!c.freeze_aligner) parts.insert(parts.end(), mm.aligner.begin(), mm.aligner.end());
+  if (!c.freeze_vit) parts.insert(parts.end(), mm.vision_tower.begin(), mm.vision_tower.end());
+  for (const auto& p : parts) {
+    if (std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), p) == lora.modules_to_save.end()) {
+      lora.modules_to_save.push_back(p);
+    }
+  }
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------------------------
 // Trainer
 // ---------------------------------------------------------------------------------------------------------------
@@ -172,21 +198,32 @@ Trainer::Trainer(const TrainConfig& config, CausalLM model, const std::string& a
     fail<ConfigError>("{}: full fine-tuning cannot update packed integer weights; use train_type lora (QLoRA)",
                       config_.model);
   }
+  const std::shared_ptr<const MultimodalConfig> mm = model_->config().multimodal;
   if (is_lora()) {
     const std::string dir = adapter_dir.empty() ? config_.adapters : adapter_dir;
     if (!dir.empty()) {
       lora_ = load_adapter(model_, dir);
     } else {
       lora_ = requested_lora(config_);
+      if (mm) add_multimodal_parts(lora_, *mm, config_);
+      if (mm && config_.freeze_llm) {
+        // No adapter on the language model: only the parts trained in full remain.
+        if (lora_.modules_to_save.empty()) {
+          fail<ConfigError>("freeze_llm, freeze_aligner and freeze_vit together leave nothing to train");
+        }
+        lora_.target_modules.clear();
+      }
       inject_lora(model_, lora_, static_cast<uint64_t>(config_.seed));
     }
     lora_.base_model_name_or_path = config_.model;
     params = adapter_tensors(model_, lora_);
   } else {
     for (auto& item : model_->named_parameters(true)) {
-      item.value().requires_grad_(true);
-      params.push_back({item.key(), item.value(), item.value().dim() >= 2});
+      const bool frozen = mm && frozen_part(item.key(), *mm, config_);
+      item.value().requires_grad_(!frozen);
+      if (!frozen) params.push_back({item.key(), item.value(), item.value().dim() >= 2});
     }
+    if (params.empty()) fail<ConfigError>("freeze_llm, freeze_aligner and freeze_vit together leave nothing to train");
   }
   AdamWOptions adam;
   adam.lr = config_.learning_rate;
@@ -323,6 +360,7 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   if (batch.position_ids.defined()) options.position_ids = batch.position_ids.to(device);
   if (batch.key_valid.defined()) options.key_valid = batch.key_valid.to(device);
   if (batch.segment_ids.defined()) options.segment_ids = batch.segment_ids.to(device);
+  if (batch.pixel_values.defined()) options.pixel_values = batch.pixel_values.to(device);
   const at::Tensor ids = batch.input_ids.to(device);
   const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
   // The head and the loss only where a label is: padding and prompt positions cost no vocabulary projection.
@@ -562,9 +600,9 @@ void check_fingerprint(const Json& saved, const Json& now, const fs::path& check
 }
 
 void copy_model_files(const fs::path& from, const fs::path& to) {
-  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
-                           "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                           "chat_template.jinja", "added_tokens.json", "LICENSE"}) {
+  std::vector<std::string> names = model_asset_files();
+  names.insert(names.begin(), "config.json");
+  for (const std::string& name : names) {
     if (!fs::exists(from / name)) continue;
     std::error_code ec;
     fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, ec);
@@ -728,6 +766,17 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   enc.max_length = config.max_length;
   enc.truncation = parse_truncation_strategy(config.truncation_strategy);
   enc.loss_scale = parse_loss_scale(config.loss_scale);
+  std::string image_fingerprint;
+  if (const auto& mm = model->config().multimodal) {
+    // Vision-language model: <image> placeholders become runs of image tokens, images preprocessed as the
+    // checkpoint's preprocessor_config.json says.
+    if (cp > 1) {
+      fail<ConfigError>("context_parallel_size {} with a vision-language model: images cannot be sharded across "
+                        "ranks; use data parallelism", cp);
+    }
+    enc.images = make_image_encoding(config.model, mm->image_token_index, mm->image_seq_length);
+    image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
+  }
   SampleEncoder encoder(tokenizer, tmpl, enc);
   DataOptions data;
   data.dataset = config.dataset;
@@ -740,14 +789,20 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   data.num_threads = static_cast<int>(config.dataset_num_proc);
   data.cache_dir = config.data_cache_dir;
   const std::string data_fingerprint =
-      fmt::format("{}|template={}|max_length={}|trunc={}|loss={}", tokenizer_files_fingerprint(config.model),
-                  config.chat_template, config.max_length, config.truncation_strategy, config.loss_scale);
+      fmt::format("{}|template={}|max_length={}|trunc={}|loss={}{}", tokenizer_files_fingerprint(config.model),
+                  config.chat_template, config.max_length, config.truncation_strategy, config.loss_scale,
+                  image_fingerprint);
   TokenizedData tokenized = prepare_data(data, encoder, data_fingerprint);
   if (tokenized.train.empty()) {
     fail<ConfigError>("no training samples: all {} rows of {} were skipped or longer than max_length {}",
                       tokenized.stats.rows, fmt::join(config.dataset, ", "), config.max_length);
   }
   const int32_t pad_id = tokenizer->specials().pad.value_or(0);
+  // ChunkFlow keeps each image's run of tokens in one chunk.
+  ImageTokenLayout image_layout;
+  if (const auto& mm = model->config().multimodal) {
+    image_layout = {static_cast<int32_t>(mm->image_token_index), mm->image_seq_length};
+  }
 
   // Items: samples, or packed rows of samples. ChunkFlow chunks each step's samples itself.
   const std::string batching = effective_batching(config);
@@ -992,7 +1047,7 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
     if (chunkflow) {  // the whole global batch, re-cut into chunks
       std::vector<const Sample*> group;
       for (size_t j = first; j < last; ++j) group.push_back(&tokenized.train[items[order[j]][0]]);
-      chunked = build_chunked_batch(group, config.chunk_size, pad_id);
+      chunked = build_chunked_batch(group, config.chunk_size, pad_id, image_layout);
     }
     for (size_t i = first; i < last && !chunkflow && !scheduled; i += bs) {
       const size_t end = std::min(last, i + static_cast<size_t>(bs));

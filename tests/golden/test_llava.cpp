@@ -8,8 +8,11 @@
 #include "models/registry.h"
 #include "models/vision/clip.h"
 #include "data/collate.h"
+#include "data/encode.h"
 #include "infer/generate.h"
+#include "peft/lora.h"
 #include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
 #include "tests/test_util.h"
 
 namespace swiftcpp {
@@ -172,6 +175,187 @@ TEST(GoldenLlava, GreedyGenerationWithAnImageEqualsTransformersGenerate) {
   std::vector<int64_t> expected;
   for (const auto& v : f.ref["greedy_generate_a_one_image"]["new_ids"]) expected.push_back(v.get<int64_t>());
   EXPECT_EQ(out.at(0).new_ids, expected);
+}
+
+// The LoRA step's batch (case c_batch_right_pad with the loss_batch labels) as our shifted-label Batch.
+Batch lora_step_batch(LlavaFixture& f) {
+  const Json& c = f.ref["cases"]["c_batch_right_pad"];
+  const Json& lc = f.ref["cases"]["loss_batch"];
+  Batch batch;
+  batch.input_ids = long_tensor(c["input_ids_expanded"]);
+  const at::Tensor labels = long_tensor(lc["final_labels"]);
+  const at::Tensor mask = long_tensor(c["final_attention_mask"]);
+  const int64_t L = labels.size(1);
+  batch.labels = at::full_like(labels, kIgnoreIndex);
+  batch.labels.narrow(1, 0, L - 1).copy_(labels.narrow(1, 1, L - 1).masked_fill(mask.narrow(1, 1, L - 1) == 0, kIgnoreIndex));
+  batch.key_valid = mask.to(at::kBool);
+  batch.position_ids = long_tensor(c["position_ids"]);
+  batch.pixel_values = f.tensors.tensor("c_batch_right_pad.pixel_values").clone();
+  batch.label_tokens = (batch.labels != kIgnoreIndex).sum().item<int64_t>();
+  batch.real_tokens = batch.key_valid.sum().item<int64_t>();
+  return batch;
+}
+
+// Norm-wise relative error of our tensors against the same-named ones of a PEFT adapter folder (the worst).
+double adapter_rel_error(const std::vector<TrainableTensor>& tensors, const fs::path& dir) {
+  const Checkpoint expected = Checkpoint::open(dir / "adapter_model.safetensors");
+  EXPECT_EQ(expected.names().size(), tensors.size());
+  double worst = 0;
+  for (const auto& t : tensors) {
+    const at::Tensor want = expected.tensor(t.name).to(at::kDouble);
+    const at::Tensor diff = t.tensor.detach().to(at::kDouble) - want;
+    worst = std::max(worst, diff.norm().item<double>() / std::max(1e-12, want.norm().item<double>()));
+  }
+  return worst;
+}
+
+TEST(GoldenLlava, PeftAdaptersWithTheProjectorReproducePeftLogits) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "lora_step.json");
+  LlavaFixture f;
+  const Checkpoint step = Checkpoint::open(llava_dir() / "lora_step.safetensors");
+  const Json& a = f.ref["cases"]["a_one_image"];
+  for (const char* name : {"init", "after1"}) {
+    CausalLM model = load_causal_lm(llava_dir() / "tiny-llava");
+    const LoraConfig c = load_adapter(model, llava_dir() / name);
+    EXPECT_TRUE(c.target_modules_regex);
+    EXPECT_EQ(c.modules_to_save, std::vector<std::string>{"multi_modal_projector"});
+    // The regex puts LoRA on the 7 projections of both language-model layers, not on CLIP's q/k/v.
+    int adapted = 0;
+    for (const auto& m : model->named_modules("", false)) {
+      if (const auto* l = m.value()->as<nn::Linear>(); l != nullptr && l->lora) {
+        ++adapted;
+        EXPECT_EQ(m.key().rfind("language_model.", 0), 0u) << m.key();
+      }
+    }
+    EXPECT_EQ(adapted, 14);
+    f.model = model;
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = f.logits(a);
+    const double diff = max_abs_diff(logits, step.tensor(fmt::format("{}.logits_a_one_image", name)));
+    std::cout << "[llava peft " << name << "] max |logit - peft| = " << diff << std::endl;
+    EXPECT_LE(diff, kF32Tol) << name;
+  }
+}
+
+TEST(GoldenLlava, OneLoraStepWithTheProjectorMatchesPeft) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "lora_step.json");
+  const Json ref = load_json_file(llava_dir() / "lora_step.json");
+  LlavaFixture f;
+  TrainConfig c;
+  c.model = (llava_dir() / "tiny-llava").string();
+  c.dataset = {"unused"};
+  c.adapters = (llava_dir() / "init").string();
+  c.learning_rate = 1e-3;
+  c.adam_beta1 = 0.9;
+  c.adam_beta2 = 0.999;
+  c.adam_epsilon = 1e-8;
+  c.weight_decay = 0.0;
+  c.max_grad_norm = 0.0;
+  c.lr_scheduler_type = "constant";
+  Trainer trainer(c, load_causal_lm(llava_dir() / "tiny-llava"));
+  // Trainable: the 28 LoRA tensors and the projector copy (4 tensors), 15,616 parameters; the tower is frozen.
+  int64_t trainable = 0;
+  for (const auto& t : trainer.trainables()) trainable += t.tensor.numel();
+  EXPECT_EQ(trainer.trainables().size(), 32u);
+  EXPECT_EQ(trainable, 15616);
+  for (const auto& p : trainer.model()->named_parameters(true)) {
+    if (p.key().rfind("vision_tower.", 0) == 0) EXPECT_FALSE(p.value().requires_grad()) << p.key();
+  }
+  const Batch batch = lora_step_batch(f);
+  const StepResult r = trainer.step({batch}, 0, 1);
+  EXPECT_NEAR(r.loss, ref["loss_before"].get<double>(), kLossTol);
+  EXPECT_NEAR(r.grad_norm, ref["grad_l2_norm_total_step1"].get<double>(), 1e-4);
+  const double err = adapter_rel_error(trainer.trainables(), llava_dir() / "after1");
+  std::cout << "[llava lora step] worst relative adapter error " << err << std::endl;
+  EXPECT_LT(err, 1e-5);  // the text trainer's tolerance (tests/golden/test_lora.cpp)
+  // The loss after the step, from the trained model.
+  const auto [sum, count] = trainer.evaluate({batch});
+  EXPECT_NEAR(sum / static_cast<double>(count), ref["loss_after_step1"].get<double>(), kLossTol);
+  // Saved as PEFT saves it: the projector under base_model.model.multi_modal_projector.*, no modules_to_save infix.
+  const fs::path dir = test::temp_dir("llava_adapter_save");
+  save_adapter(dir, trainer.model(), trainer.lora_config());
+  const Checkpoint saved = Checkpoint::open(dir / "adapter_model.safetensors");
+  const Checkpoint peft = Checkpoint::open(llava_dir() / "after1/adapter_model.safetensors");
+  EXPECT_EQ(saved.names(), peft.names());
+  EXPECT_TRUE(saved.contains("base_model.model.multi_modal_projector.linear_1.weight"));
+  const Json cfg = load_json_file(dir / "adapter_config.json");
+  EXPECT_EQ(cfg["modules_to_save"], Json({"multi_modal_projector"}));
+  EXPECT_TRUE(cfg["target_modules"].is_string());
+  // And it loads back into a fresh model with the same logits.
+  CausalLM reloaded = load_causal_lm(llava_dir() / "tiny-llava");
+  load_adapter(reloaded, dir);
+  at::NoGradGuard no_grad;
+  trainer.model()->eval();
+  f.model = trainer.model();
+  const at::Tensor a = f.logits(f.ref["cases"]["a_one_image"]);
+  f.model = reloaded;
+  EXPECT_LE(max_abs_diff(f.logits(f.ref["cases"]["a_one_image"]), a), 1e-6);
+}
+
+TEST(GoldenLlava, FreshLoraTargetsTheLanguageModelAndTrainsTheProjectorInFull) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  TrainConfig c;
+  c.model = (llava_dir() / "tiny-llava").string();
+  c.dataset = {"unused"};
+  Trainer trainer(c, load_causal_lm(llava_dir() / "tiny-llava"));
+  EXPECT_EQ(trainer.lora_config().modules_to_save, std::vector<std::string>{"multi_modal_projector"});
+  int lora = 0, projector = 0;
+  for (const auto& t : trainer.trainables()) {
+    if (t.name.find("lora_") != std::string::npos) {
+      ++lora;
+      EXPECT_NE(t.name.find("language_model.model.layers."), std::string::npos) << t.name;
+    } else {
+      ++projector;
+      EXPECT_EQ(t.name.rfind("base_model.model.multi_modal_projector.", 0), 0u) << t.name;
+    }
+  }
+  EXPECT_EQ(lora, 28);
+  EXPECT_EQ(projector, 4);
+  // freeze_vit false: the tower trains in full too; freeze_aligner: the projector does not.
+  c.freeze_vit = false;
+  c.freeze_aligner = true;
+  Trainer both(c, load_causal_lm(llava_dir() / "tiny-llava"));
+  EXPECT_EQ(both.lora_config().modules_to_save, std::vector<std::string>{"vision_tower"});
+  // Full fine-tuning with the default freezes: everything but the vision tower.
+  c.train_type = "full";
+  c.freeze_vit = true;
+  c.freeze_aligner = false;
+  Trainer full(c, load_causal_lm(llava_dir() / "tiny-llava"));
+  for (const auto& t : full.trainables()) EXPECT_NE(t.name.rfind("vision_tower.", 0), 0u) << t.name;
+  c.freeze_llm = true;
+  c.freeze_aligner = true;
+  test::expect_error<ConfigError>([&] { Trainer none(c, load_causal_lm(llava_dir() / "tiny-llava")); },
+                                  {"leave nothing to train"});
+}
+
+TEST(GoldenLlava, TokensBeyondTheTokenizerDecodeToNothingInGeneration) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/tokenizer_config.json");
+  // tiny-llava: 512 sentencepiece pieces, <image> = 512 (an added special token), 520 embedding rows.
+  const auto tokenizer = load_tokenizer(llava_dir() / "tiny-llava");
+  EXPECT_TRUE(tokenizer->knows(511));
+  EXPECT_TRUE(tokenizer->knows(512));
+  EXPECT_FALSE(tokenizer->knows(517));
+  EXPECT_EQ(tokenizer->decode({512, 403}), tokenizer->decode({403}));  // special: no text
+  EXPECT_EQ(tokenizer->decode_with_special_tokens({512}), "<image>");
+  // Greedy generation after coffee.jpg samples id 517 (an unused row) on its way: it has no text, and no error.
+  LlavaFixture f;
+  Generator gen(f.model, tokenizer);
+  EncodeOptions enc;
+  enc.images = make_image_encoding(llava_dir() / "tiny-llava", 512, 16);
+  const SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, "llava"), enc);
+  const EncodedPrompt p = encoder.encode_prompt({{"user", "<image>\nOnce upon a time", std::nullopt}},
+                                                {assets() / "images/coffee.jpg"});
+  GenerationConfig config;
+  config.max_new_tokens = 6;
+  config.sampling.temperature = 0;
+  const auto out = gen.generate({std::vector<int64_t>(p.ids.begin(), p.ids.end())}, config, {},
+                                {at::stack(p.pixel_values)});
+  std::vector<int> known;
+  for (int64_t id : out[0].new_ids) {
+    if (id < 512) known.push_back(static_cast<int>(id));
+  }
+  EXPECT_NE(std::find(out[0].new_ids.begin(), out[0].new_ids.end(), 517), out[0].new_ids.end());
+  EXPECT_EQ(out[0].text, tokenizer->decode(known));
 }
 
 TEST(GoldenLlava, ImageCountThatDoesNotFitTheImageTokensIsAModelError) {

@@ -40,10 +40,37 @@ std::string error_of(Fn fn) {
   return "";
 }
 
-TEST(Registry, ListsTheFourFamilies) {
+TEST(Registry, ListsTheFamilies) {
   std::vector<std::string> types;
   for (const auto& spec : architectures()) types.push_back(spec.model_type);
-  EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3"}));
+  EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "llava"}));
+}
+
+TEST(Registry, LlavaConfigErrorsNameTheKey) {
+  const fs::path dir = test::temp_dir("registry_llava");
+  const auto config_with = [&](const std::string& extra) {
+    write_file_atomic(dir / "config.json", "{\"model_type\": \"llava\", \"text_config\": {\"vocab_size\": 64, "
+                      "\"hidden_size\": 16, \"intermediate_size\": 32, \"num_hidden_layers\": 1, "
+                      "\"num_attention_heads\": 2}" + extra + "}");
+  };
+  config_with("");
+  const DecoderConfig ok = load_decoder_config(dir);  // CLIPVisionConfig's defaults: 224 px, patch 32
+  EXPECT_EQ(ok.multimodal->image_seq_length, 49);
+  EXPECT_EQ(ok.multimodal->image_token_index, 32000);
+  config_with(", \"vision_config\": {\"image_size\": 30, \"patch_size\": 14}");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"image_size", "patch_size"});
+  config_with(", \"vision_feature_layer\": [-2, -5]");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"vision_feature_layer", "list"});
+  config_with(", \"vision_feature_select_strategy\": \"cls\"");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"vision_feature_select_strategy"});
+  config_with(", \"vision_config\": {\"model_type\": \"siglip_vision_model\"}");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"siglip_vision_model"});
+  config_with(", \"projector_hidden_act\": \"swoosh\"");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"swoosh"});
+  config_with(", \"text_config\": 3");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"text_config"});
+  config_with(", \"image_seq_length\": 50");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"image_seq_length", "49"});
 }
 
 TEST(Registry, Stories260KConfig) {

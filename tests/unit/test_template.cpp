@@ -123,6 +123,7 @@ TEST(ChatTemplate, TrainableSegmentsAreAssistantContentAndEndOfTurn) {
       {"mistral", {" Yo </s>", "A</s>"}},
       {"gemma", {"Yo<end_of_turn>", "A<end_of_turn>"}},
       {"phi3", {" Yo <|end|>", "A<|end|>"}},
+      {"llava", {"  Yo </s>", " A</s>"}},
       {"default", {" Yo ", "A"}},
       {"raw", {" Yo ", "A"}},
   };
@@ -210,7 +211,8 @@ TEST(ChatTemplate, UnknownNameListsTheKnownOnes) {
 
 TEST(ChatTemplate, NamesAreTheDocumentedList) {
   EXPECT_EQ(chat_template_names(), (std::vector<std::string>{"chatml", "qwen2", "qwen2_5", "llama3", "llama2",
-                                                             "mistral", "gemma", "phi3", "default", "raw"}));
+                                                             "mistral", "gemma", "phi3", "llava", "default",
+                                                             "raw"}));
 }
 
 TEST(ChatTemplate, TokensOverrideTheFamilyBosAndEos) {
@@ -268,7 +270,7 @@ TEST(ChatTemplateDetect, RealTemplates) {
 }
 
 TEST(ChatTemplateDetect, FormatFixtures) {
-  for (const std::string name : {"chatml", "qwen2", "llama2", "mistral"}) {
+  for (const std::string name : {"chatml", "qwen2", "llama2", "mistral", "llava"}) {
     EXPECT_EQ(detect_from_template(name, read_text_file(fixtures_dir() / (name + ".jinja"))), name);
   }
 }
