@@ -911,6 +911,8 @@ TrainResult run_training(const TrainConfig& config_in, const TrainHooks& hooks) 
   }
   out << fmt::format("data: {} train samples, {} validation, {} tokens ({} trained){}\n", tokenized.train.size(),
                      tokenized.validation.size(), tokenized.stats.tokens, tokenized.stats.label_tokens, layout);
+  // strict: false skips bad rows; say how many and why, so that nothing is dropped unseen.
+  if (const std::string skipped = tokenized.stats.skipped.summary(); !skipped.empty()) out << "data: " << skipped << "\n";
   out << fmt::format("{} {}: {} trainable parameters; {} steps ({} per epoch), batch {} x {} accumulation{}\n",
                      config.train_type, trainer.model()->config().model_type, trainable_count, state.total_steps,
                      state.steps_per_epoch, bs, ga,

@@ -129,3 +129,185 @@ TEST(MmInferCli, InteractiveImageCommandAttachesToTheNextMessage) {
 
 }  // namespace
 }  // namespace swiftcpp
+
+namespace swiftcpp {
+namespace {
+
+// A small multimodal dataset beside copies of the real images (relative paths), in ms-swift's forms: `<image>`
+// placeholders with an `images` list, content parts, and a row with two images.
+fs::path write_mm_dataset(const fs::path& dir) {
+  fs::create_directories(dir / "img");
+  const std::vector<std::pair<std::string, std::string>> images = {
+      {"coffee.jpg", "a cup of coffee"}, {"rocket.jpg", "a rocket"}, {"chelsea_rgba.png", "a cat"},
+      {"camera.png", "a man with a camera"}, {"astronaut_224.png", "an astronaut"}};
+  std::string rows;
+  for (const auto& [file, answer] : images) {
+    fs::copy_file(image(file.c_str()), dir / "img" / file, fs::copy_options::overwrite_existing);
+    for (const char* q : {"What is this?", "Describe the picture.", "What do you see?"}) {
+      rows += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": \"<image>{}\"}}, {{\"role\": "
+                          "\"assistant\", \"content\": \"It is {}.\"}}], \"images\": [\"img/{}\"]}}\n", q, answer, file);
+    }
+    rows += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": [{{\"type\": \"image\", \"image\": "
+                        "\"img/{}\"}}, {{\"type\": \"text\", \"text\": \"And this?\"}}]}}, {{\"role\": \"assistant\", "
+                        "\"content\": \"{}\"}}]}}\n", file, answer);
+  }
+  rows += "{\"messages\": [{\"role\": \"user\", \"content\": \"<image><image>Which came first?\"}, {\"role\": "
+          "\"assistant\", \"content\": \"The coffee.\"}], \"images\": [\"img/coffee.jpg\", \"img/rocket.jpg\"]}\n";
+  write_file_atomic(dir / "train.jsonl", rows);
+  return dir / "train.jsonl";
+}
+
+std::string mm_train_args(const fs::path& data, const fs::path& out, const std::string& extra = "") {
+  return fmt::format("--threads 1 train model={} dataset={} output_dir={} max_length=96 per_device_train_batch_size=2 "
+                     "gradient_accumulation_steps=2 max_steps=24 save_steps=3 logging_steps=1 lora_rank=4 "
+                     "lora_alpha=8 lora_dropout=0.1 learning_rate=3e-3 seed=7 save_total_limit=2 {}",
+                     (llava_dir() / "tiny-llava").string(), data.string(), out.string(), extra);
+}
+
+fs::path only_run(const fs::path& out) {
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.is_directory() && e.path().filename().string().rfind("v", 0) == 0) return e.path();
+  }
+  return {};
+}
+
+// "step: loss" of every training record, exact text: compared between runs of one configuration only.
+std::vector<std::string> losses(const fs::path& run) {
+  std::vector<std::string> out;
+  std::istringstream in(read_text_file(run / "logging.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const Json j = Json::parse(line);
+    if (j.contains("loss")) out.push_back(fmt::format("{}: {}", j["global_step"].get<int64_t>(), j["loss"].dump()));
+  }
+  return out;
+}
+
+// Starts training, sends `signal` once checkpoint-3 exists, returns the exit code.
+int train_and_signal(const fs::path& data, const fs::path& out, const std::string& signal, const std::string& extra) {
+  fs::create_directories(out);
+  const std::string cmd = fmt::format(
+      "{} {} >{}/log.txt 2>&1 & pid=$!; "
+      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
+      "kill -{} $pid; wait $pid",
+      SWIFTCPP_BINARY, test::with_test_threads(mm_train_args(data, out, extra)), out.string(), out.string(), signal);
+  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(MmTrainCli, LoraWithImagesLearnsSavesThePeftLayoutAndResumesExactly) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  const fs::path base = test::temp_dir("mm_train_cli");
+  const fs::path data = write_mm_dataset(base / "data");
+  const auto r = run_cli(mm_train_args(data, base / "straight"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path run = only_run(base / "straight");
+  const std::vector<std::string> expected = losses(run);
+  ASSERT_EQ(expected.size(), 24u);
+  // The loss falls: the first logged loss against the last.
+  const auto value = [](const std::string& s) { return std::stod(s.substr(s.find(':') + 1)); };
+  EXPECT_LT(value(expected.back()), value(expected.front()));
+  // The adapter: LoRA on the language model, the projector in full as PEFT's modules_to_save.
+  const fs::path ckpt = run / "checkpoint-24";
+  const Json cfg = load_json_file(ckpt / "adapter_config.json");
+  EXPECT_EQ(cfg["modules_to_save"], Json({"multi_modal_projector"}));
+  const Checkpoint adapter = Checkpoint::open(ckpt / "adapter_model.safetensors");
+  EXPECT_TRUE(adapter.contains("base_model.model.multi_modal_projector.linear_2.bias"));
+  EXPECT_TRUE(adapter.contains("base_model.model.language_model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  for (const auto& name : adapter.names()) EXPECT_EQ(name.find("vision_tower"), std::string::npos) << name;
+  for (const std::string signal : {"TERM", "KILL"}) {
+    SCOPED_TRACE(signal);
+    const fs::path out = base / signal;
+    const int code = train_and_signal(data, out, signal, "");
+    if (signal == "TERM") EXPECT_EQ(code, 143);
+    ASSERT_FALSE(fs::exists(only_run(out) / "checkpoint-24")) << "the run finished before the signal";
+    const auto resumed = run_cli(mm_train_args(data, out, "resume_from_checkpoint=latest"));
+    ASSERT_EQ(resumed.code, 0) << resumed.out;
+    EXPECT_EQ(losses(only_run(out)), expected);
+  }
+  // infer with the adapter, and export --merge-lora writes a complete LLaVA folder that computes the same.
+  const fs::path merged = base / "merged";
+  const auto e = run_cli("export --model " + (llava_dir() / "tiny-llava").string() + " --adapters " + ckpt.string() +
+                         " --merge-lora --output " + merged.string());
+  ASSERT_EQ(e.code, 0) << e.out;
+  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json", "tokenizer.model",
+                        "tokenizer_config.json"}) {
+    EXPECT_TRUE(fs::exists(merged / f)) << f;
+  }
+  const Checkpoint exported = Checkpoint::open(merged);
+  const Checkpoint original = Checkpoint::open(llava_dir() / "tiny-llava");
+  EXPECT_EQ(exported.names(), original.names());  // Hugging Face's layout: vision, projector, language model
+  const std::string prompt = " --prompt 'What is this?' --temperature 0 --max-new-tokens 8 --no-stream --image " +
+                             image("rocket.jpg").string();
+  const auto with_adapter = stdout_of("infer --model " + (llava_dir() / "tiny-llava").string() + " --adapters " +
+                                      ckpt.string() + prompt, base);
+  const auto from_merged = stdout_of("infer --model " + merged.string() + prompt, base);
+  ASSERT_TRUE(with_adapter && from_merged);
+  EXPECT_EQ(*with_adapter, *from_merged);
+  // GGUF export of a vision-language model is refused, naming why.
+  const auto g = run_cli("export --model " + merged.string() + " --format gguf --output " + (base / "m.gguf").string());
+  EXPECT_NE(g.code, 0);
+  EXPECT_NE(g.out.find("mmproj"), std::string::npos) << g.out;
+  EXPECT_FALSE(fs::exists(base / "m.gguf"));
+  // quantize packs the language model only, and infer runs the result.
+  const auto q = run_cli("quantize --model " + merged.string() + " --bits 8 --group-size 16 --output " +
+                         (base / "int8").string());
+  ASSERT_EQ(q.code, 0) << q.out;
+  const Checkpoint packed = Checkpoint::open(base / "int8");
+  EXPECT_TRUE(packed.contains("language_model.model.layers.0.mlp.up_proj.qweight"));
+  EXPECT_TRUE(packed.contains("vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"));
+  EXPECT_TRUE(packed.contains("multi_modal_projector.linear_1.weight"));
+  const auto qi = run_cli("infer --model " + (base / "int8").string() + prompt);
+  EXPECT_EQ(qi.code, 0) << qi.out;
+}
+
+TEST(MmTrainCli, PackingAndChunkFlowTrainLikePaddingWithImages) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  const fs::path base = test::temp_dir("mm_train_cli_batching");
+  const fs::path data = write_mm_dataset(base / "data");
+  const std::string common = "lora_dropout=0 max_steps=4 dataset_shuffle=false";
+  const auto padded = run_cli(mm_train_args(data, base / "padded", common));
+  ASSERT_EQ(padded.code, 0) << padded.out;
+  // ChunkFlow with chunks of 24 tokens: a sample of one image (16 positions) and its text splits into dependent
+  // chunks, the image's run never cut.
+  const auto chunked = run_cli(mm_train_args(data, base / "chunkflow", common + " batching=chunkflow chunk_size=24"));
+  ASSERT_EQ(chunked.code, 0) << chunked.out;
+  const auto a = losses(only_run(base / "padded")), b = losses(only_run(base / "chunkflow"));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = std::stod(a[i].substr(a[i].find(':') + 1)), y = std::stod(b[i].substr(b[i].find(':') + 1));
+    EXPECT_NEAR(x, y, 1e-4 * x) << "step " << i + 1;
+  }
+  const auto packed = run_cli(mm_train_args(data, base / "packing", common + " packing=true"));
+  ASSERT_EQ(packed.code, 0) << packed.out;
+  EXPECT_EQ(losses(only_run(base / "packing")).size(), 4u);
+  // A chunk smaller than an image's run is refused with the reason.
+  const auto small = run_cli(mm_train_args(data, base / "small", common + " batching=chunkflow chunk_size=8"));
+  EXPECT_NE(small.code, 0);
+  EXPECT_NE(small.out.find("chunk_size"), std::string::npos) << small.out;
+}
+
+TEST(MmTrainCli, BadRowsNameTheFileAndLine) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  const fs::path base = test::temp_dir("mm_train_cli_bad");
+  const fs::path data = write_mm_dataset(base / "data");
+  std::string rows = read_text_file(data);
+  rows += "{\"messages\": [{\"role\": \"user\", \"content\": \"<image>x\"}, {\"role\": \"assistant\", \"content\": "
+          "\"y\"}], \"images\": [\"img/missing.png\"]}\n";
+  write_file_atomic(base / "data/bad.jsonl", rows);
+  const auto strict = run_cli(mm_train_args(base / "data/bad.jsonl", base / "out", "max_steps=1"));
+  EXPECT_NE(strict.code, 0);
+  EXPECT_NE(strict.out.find("bad.jsonl:22"), std::string::npos) << strict.out;
+  EXPECT_NE(strict.out.find("missing.png"), std::string::npos) << strict.out;
+  const auto lenient = run_cli(mm_train_args(base / "data/bad.jsonl", base / "out2", "max_steps=1 strict=false"));
+  EXPECT_EQ(lenient.code, 0) << lenient.out;
+  EXPECT_NE(lenient.out.find("image unreadable"), std::string::npos) << lenient.out;
+  // A text model given image rows.
+  const auto text = run_cli(fmt::format("--threads 1 train model={} dataset={} output_dir={} max_steps=1",
+                                        stories_dir().string(), data.string(), (base / "out3").string()));
+  EXPECT_NE(text.code, 0);
+  EXPECT_NE(text.out.find("vision-language model"), std::string::npos) << text.out;
+}
+
+}  // namespace
+}  // namespace swiftcpp
