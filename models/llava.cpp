@@ -1,6 +1,7 @@
 // LLaVA (LlavaForConditionalGeneration): a CLIP vision tower, a two-layer projector and any registered text
 // family as the language model. Images enter as image_token_index positions replaced by projected CLIP features.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "core/json.h"
 #include "models/decoder/decoder.h"
@@ -51,10 +52,14 @@ class LlavaVisionEncoderImpl : public VisionEncoderImpl {
     for (const auto& p : vision_tower->parameters()) tower_trains = tower_trains || p.requires_grad();
     at::Tensor selected;  // [N, F, Dv]
     {
+      // Profiler ranges named after the modules (free when no profiler or observer is active; pixel_values is
+      // handed to observers that ask for inputs): bench/bench_mm_train.cpp splits a training step by them.
+      RECORD_USER_SCOPE_WITH_INPUTS("vision_tower", std::vector<c10::IValue>{pixel_values});
       at::AutoGradMode grad(tower_trains && at::GradMode::is_enabled());
       const at::Tensor h = vision_tower->vision_model->hidden_state(pixel_values, s_.feature_layer);  // [N, 1+P, Dv]
       selected = s_.drop_cls ? h.narrow(1, 1, h.size(1) - 1) : h;
     }
+    RECORD_USER_SCOPE("multi_modal_projector");
     return multi_modal_projector(selected);  // [N, F, D]
   }
 

@@ -150,8 +150,7 @@ std::vector<int> TextTokenizer::encode_with_special_tokens(const std::string& te
   return ids;
 }
 
-std::string TextTokenizer::decode(const std::vector<int>& ids) const {
-  if (token_strings_.empty()) return base_->decode(ids);
+std::string TextTokenizer::decode_added(const std::vector<int>& ids, bool render_special) const {
   std::string text;
   std::vector<int> run;
   for (int id : ids) {
@@ -162,17 +161,22 @@ std::string TextTokenizer::decode(const std::vector<int>& ids) const {
         break;
       }
     }
-    // Ids of the base vocabulary go to the base (a token string may name a base piece too).
-    if (token == nullptr || (id >= 0 && id < base_->vocab_size())) {
+    // decode(): ids of the base vocabulary go to the base (a token string may name a base piece too).
+    if (token == nullptr || (!render_special && id >= 0 && id < base_->vocab_size())) {
       run.push_back(id);
       continue;
     }
     if (!run.empty()) text += base_->decode(run);
     run.clear();
-    if (!token->special) text += token->content;
+    if (render_special || !token->special) text += token->content;
   }
   if (!run.empty()) text += base_->decode(run);
   return text;
+}
+
+std::string TextTokenizer::decode(const std::vector<int>& ids) const {
+  if (token_strings_.empty()) return base_->decode(ids);
+  return decode_added(ids, /*render_special=*/false);
 }
 
 bool TextTokenizer::knows(int id) const {
@@ -185,26 +189,7 @@ bool TextTokenizer::knows(int id) const {
 
 std::string TextTokenizer::decode_with_special_tokens(const std::vector<int>& ids) const {
   if (token_strings_.empty()) return base_->decode_with_special_tokens(ids);
-  std::string text;
-  std::vector<int> run;
-  for (int id : ids) {
-    const AddedToken* token = nullptr;
-    for (const AddedToken& candidate : token_strings_.tokens()) {
-      if (candidate.id == id) {
-        token = &candidate;
-        break;
-      }
-    }
-    if (token == nullptr) {
-      run.push_back(id);
-      continue;
-    }
-    if (!run.empty()) text += base_->decode(run);
-    run.clear();
-    text += token->content;
-  }
-  if (!run.empty()) text += base_->decode(run);
-  return text;
+  return decode_added(ids, /*render_special=*/true);
 }
 
 bool TextTokenizer::is_eos(int id) const {

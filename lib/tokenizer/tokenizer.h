@@ -141,6 +141,10 @@ class TextTokenizer : public Tokenizer {
   int piece_to_id(const std::string& piece) const override { return base_->piece_to_id(piece); }
 
  private:
+  /// Decodes with the token strings handled here: rendered as text (all of them with render_special, else the
+  /// non-special ones, special ones dropped and base ids left to the base).
+  std::string decode_added(const std::vector<int>& ids, bool render_special) const;
+
   std::shared_ptr<const Tokenizer> base_;
   SpecialTokens specials_;
   AddedTokenMatcher token_strings_;

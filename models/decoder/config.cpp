@@ -144,17 +144,9 @@ void DecoderConfig::validate(const std::string& origin) const {
 
 int64_t DecoderConfig::parameter_count() const {
   // Checked arithmetic throughout: -1 on overflow, so absurd sizes cannot wrap into a small count.
-  bool overflow = false;
-  const auto mul = [&](int64_t a, int64_t b) {
-    int64_t r = 0;
-    overflow = overflow || __builtin_mul_overflow(a, b, &r);
-    return r;
-  };
-  const auto add = [&](int64_t a, int64_t b) {
-    int64_t r = 0;
-    overflow = overflow || __builtin_add_overflow(a, b, &r);
-    return r;
-  };
+  CheckedCount n;
+  const auto mul = [&](int64_t a, int64_t b) { return n.mul(a, b); };
+  const auto add = [&](int64_t a, int64_t b) { return n.add(a, b); };
   const int64_t q = mul(mul(num_attention_heads, head_dim), hidden_size);
   const int64_t kv = mul(mul(num_key_value_heads, head_dim), hidden_size);
   int64_t layer = add(add(q, q), add(kv, kv));                 // q, o; k, v
@@ -165,7 +157,7 @@ int64_t DecoderConfig::parameter_count() const {
   total = add(total, tie_word_embeddings ? embedding : add(embedding, embedding));
   total = add(total, hidden_size);  // final norm
   if (multimodal) total = add(total, multimodal->parameter_count);  // bounded by the family's own checks
-  return overflow ? -1 : total;
+  return n.overflow ? -1 : total;
 }
 
 }  // namespace swiftcpp

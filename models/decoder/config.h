@@ -15,6 +15,22 @@ namespace swiftcpp {
 class JsonObject;
 class VisionEncoderImpl;
 
+/// Products and sums of sizes read from a config.json, with overflow remembered instead of wrapped, so absurd
+/// sizes cannot turn into a small parameter count.
+struct CheckedCount {
+  bool overflow = false;
+  int64_t mul(int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow = overflow || __builtin_mul_overflow(a, b, &r);
+    return r;
+  }
+  int64_t add(int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow = overflow || __builtin_add_overflow(a, b, &r);
+    return r;
+  }
+};
+
 /// What a vision-language model adds around its language model (LLaVA: vision tower -> aligner -> LLM): where
 /// each part lives in the module tree (Hugging Face's module paths, so freezing and LoRA targets speak the
 /// checkpoint's names), how images enter the token sequence, and how the family builds its vision encoder.

@@ -81,17 +81,9 @@ void ClipVisionConfig::validate(const std::string& origin) const {
 }
 
 int64_t ClipVisionConfig::parameter_count() const {
-  bool overflow = false;
-  const auto mul = [&](int64_t a, int64_t b) {
-    int64_t r = 0;
-    overflow = overflow || __builtin_mul_overflow(a, b, &r);
-    return r;
-  };
-  const auto add = [&](int64_t a, int64_t b) {
-    int64_t r = 0;
-    overflow = overflow || __builtin_add_overflow(a, b, &r);
-    return r;
-  };
+  CheckedCount n;
+  const auto mul = [&](int64_t a, int64_t b) { return n.mul(a, b); };
+  const auto add = [&](int64_t a, int64_t b) { return n.add(a, b); };
   const int64_t D = hidden_size;
   int64_t layer = mul(4, add(mul(D, D), D));                                  // q, k, v, out with biases
   layer = add(layer, add(mul(2, mul(D, intermediate_size)), add(intermediate_size, D)));  // fc1, fc2
@@ -101,7 +93,7 @@ int64_t ClipVisionConfig::parameter_count() const {
   total = add(total, mul(mul(D, num_channels), mul(patch_size, patch_size)));  // patch embedding
   total = add(total, add(D, mul(add(mul(grid, grid), 1), D)));                 // class + positions
   total = add(total, mul(4, D));                                              // pre and post norms
-  return overflow ? -1 : total;
+  return n.overflow ? -1 : total;
 }
 
 ClipAttentionImpl::ClipAttentionImpl(const ClipVisionConfig& c)
