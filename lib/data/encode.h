@@ -116,6 +116,9 @@ class SampleEncoder {
   EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, const std::vector<fs::path>& images) const;
 
   const EncodeOptions& options() const { return options_; }
+  const std::shared_ptr<const TextTokenizer>& tokenizer() const { return tokenizer_; }
+  /// Null for raw text.
+  const std::shared_ptr<const ChatTemplate>& chat_template() const { return template_; }
 
  private:
   std::shared_ptr<const TextTokenizer> tokenizer_;

@@ -376,6 +376,31 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
   return c;
 }
 
+AdaptersDisabled::AdaptersDisabled(CausalLM& model) : model_(model) {
+  for (auto& [path, linear] : linear_layers(model)) {
+    if (linear->lora) detached_.emplace_back(linear, linear->lora);
+  }
+  if (detached_.empty()) {
+    fail<ConfigError>("the {} model has no LoRA adapter to switch off; a reference model without adapters must be a "
+                      "separate model", model->config().model_type);
+  }
+  // With adapters attached the base is frozen, so a trainable parameter is a modules_to_save copy.
+  std::vector<std::string> trainable;
+  for (const auto& p : model->named_parameters(/*recurse=*/true)) {
+    if (p.value().requires_grad()) trainable.push_back(p.key());
+  }
+  if (!trainable.empty()) {
+    fail<ConfigError>("the adapters cannot be switched off for a reference forward: base parameters are trained "
+                      "(modules_to_save: {}) and their original values are not kept; use a separate reference model",
+                      list_names(trainable, 4));
+  }
+  for (auto& [linear, lora] : detached_) linear->lora.reset();
+}
+
+AdaptersDisabled::~AdaptersDisabled() {
+  for (auto& [linear, lora] : detached_) linear->lora = std::move(lora);
+}
+
 void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, linear] : linear_layers(model)) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,5 +77,33 @@ void merge_lora(CausalLM& model);
 
 /// The adapter_config.json text PEFT writes for `config`.
 Json adapter_config_json(const LoraConfig& config);
+
+/// Switches every LoRA/DoRA adapter of `model` off for the scope's lifetime, so each adapted Linear computes its
+/// base output only (the same ops as the model without adapters): the reference model of DPO/KTO, as peft's
+/// `disable_adapter()` and torchtune's `disable_adapter` give it. Nothing is copied: the adapters are detached from
+/// their layers and put back, unchanged, when the scope ends (also when an exception unwinds it).
+///
+/// Refused (ConfigError): a model without adapters (its reference needs a model of its own), and a model with
+/// trainable base parameters, i.e. modules_to_save copies. peft's disable_adapter runs the original module in place
+/// of a modules_to_save copy, but the original weights are not kept once the trainable copy is made, so the base
+/// output cannot be computed.
+///
+/// While the scope lives: adapter_tensors() sees no adapters, adapters must not be attached, loaded or merged,
+/// and no other thread may run the model. A graph recorded inside the scope keeps what it used, but a
+/// gradient-checkpointed layer recomputed in a backward after the scope would use the adapters again: run
+/// reference forwards without autograd (at::NoGradGuard), as reference log-probabilities need no gradient.
+class AdaptersDisabled {
+ public:
+  /// Detaches the adapters of `model`. Throws ConfigError as described above, before changing anything.
+  explicit AdaptersDisabled(CausalLM& model);
+  /// Puts the adapters back on the layers they came from. Throws nothing.
+  ~AdaptersDisabled();
+  AdaptersDisabled(const AdaptersDisabled&) = delete;
+  AdaptersDisabled& operator=(const AdaptersDisabled&) = delete;
+
+ private:
+  std::vector<std::pair<nn::LinearImpl*, std::shared_ptr<nn::LoraWeights>>> detached_;
+  CausalLM model_;  // keeps the layers alive until they are restored
+};
 
 }  // namespace swiftcpp
