@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
+#include "models/registry.h"
 #include "core/error.h"
 #include "data/pipeline.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +65,15 @@ int run_inspect(const DataInspectOptions& o, int threads) {
   enc.max_length = o.max_length;
   enc.truncation = parse_truncation_strategy(o.truncation);
   enc.loss_scale = parse_loss_scale(o.loss_scale);
+  // A vision-language checkpoint: image rows are encoded as training encodes them (runs of image tokens, images
+  // read and preprocessed).
+  std::string image_fingerprint;
+  if (fs::exists(model_dir / "config.json")) {
+    if (const auto mm = load_decoder_config(model_dir).multimodal) {
+      enc.images = make_image_encoding(model_dir, mm->image_token_index, mm->image_seq_length);
+      image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
+    }
+  }
   SampleEncoder encoder(tokenizer, tmpl, enc);
 
   DataOptions data;
@@ -76,9 +86,9 @@ int run_inspect(const DataInspectOptions& o, int threads) {
   if (!o.system.empty()) data.system = o.system;
   data.cache_dir = o.cache_dir;
   data.num_threads = threads;  // swiftcpp --threads N; 0: every usable core
-  const std::string fingerprint = fmt::format("{}|template={}|max_length={}|trunc={}|loss={}",
+  const std::string fingerprint = fmt::format("{}|template={}|max_length={}|trunc={}|loss={}{}",
                                               tokenizer_files_fingerprint(model_dir), template_name, o.max_length,
-                                              o.truncation, o.loss_scale);
+                                              o.truncation, o.loss_scale, image_fingerprint);
   const TokenizedData result = prepare_data(data, encoder, fingerprint);
   const DataStats& st = result.stats;
 

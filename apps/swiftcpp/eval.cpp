@@ -1,5 +1,5 @@
-// `swiftcpp eval`: standard benchmarks (MMLU, ARC, HellaSwag, GSM8K, perplexity, custom YAML tasks) scored the
-// way lm-evaluation-harness scores them, on a model with an optional adapter.
+// `swiftcpp eval`: standard benchmarks (MMLU, ARC, HellaSwag, GSM8K, perplexity, custom YAML tasks, with images on
+// a vision-language model) scored the way lm-evaluation-harness scores them, on a model with an optional adapter.
 #include <chrono>
 #include <ctime>
 #include <iostream>
@@ -125,6 +125,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   options.stride = o.stride;
   options.log_samples = o.log_samples;
   options.keep_requests = !o.dump_requests.empty();
+  options.model_dir = loaded.assets_dir;  // preprocessor_config.json for tasks with images
   std::string template_name;
   if (o.apply_chat_template) {
     template_name = o.chat_template.empty() ? detect_chat_template(assets_dir) : o.chat_template;
@@ -134,6 +135,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
     options.chat_template = chat_template_for(*tokenizer, template_name);
   }
   eval::Evaluator evaluator(model, tokenizer, options);
+  for (const auto& task : tasks) evaluator.check(task);  // an image task on a text model fails before any scoring
 
   std::vector<eval::TaskResult> results;
   const bool tty = stream_is_tty(stderr);
@@ -249,7 +251,8 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--tasks", o->tasks,
                   "Comma-separated: mmlu, mmlu_<subject>, arc_easy, arc_challenge, hellaswag, gsm8k, perplexity; "
-                  "NAME=PATH reads a task from PATH; FILE.yaml is a custom task")
+                  "NAME=PATH reads a task from PATH; FILE.yaml is a custom task (with image_field: images, for a "
+                  "vision-language model)")
       ->required();
   cmd->add_option("--data-dir", o->data_dir, "Folder holding the task data (docs/eval.md lists the layout)");
   cmd->add_option("--num-fewshot", o->num_fewshot, "Few-shot examples (default: MMLU 5, GSM8K 5, others 0)");

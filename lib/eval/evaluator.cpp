@@ -7,16 +7,30 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "data/dataset.h"
+#include "data/encode.h"
 #include "infer/generate.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image.h"
+#include "vision/processor.h"
 
 namespace swiftcpp::eval {
 
 namespace {
 
+// Items of an image task whose images are held in memory at once: multiple-choice items are scored in chunks of
+// this many (each chunk still batched and sorted longest first), so pixel values never pile up for a whole task.
+constexpr size_t kImageItemsPerChunk = 256;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Json image_names(const std::vector<fs::path>& images) {
+  Json out = Json::array();
+  for (const auto& p : images) out.push_back(p.string());
+  return out;
 }
 
 Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
@@ -87,12 +101,76 @@ LoglikelihoodRequest Evaluator::encode_request(const std::string& context,
   return request;
 }
 
+void Evaluator::check(const Task& task) {
+  if (!task.has_images || images_) return;
+  const MultimodalConfig* mm = model_->config().multimodal.get();
+  if (mm == nullptr) {
+    fail<ConfigError>("task {}: its items have images (image_field), but the model is a text model ({}); image "
+                      "tasks need a vision-language model such as llava", task.name, model_->config().model_type);
+  }
+  if (options_.model_dir.empty()) {
+    fail<ConfigError>("task {}: images need the model folder (its preprocessor_config.json) to prepare them",
+                      task.name);
+  }
+  const std::vector<int> ids = tokenizer_->encode_with_special_tokens(std::string(kImagePlaceholder));
+  if (ids != std::vector<int>{static_cast<int>(mm->image_token_index)}) {
+    fail<ConfigError>("task {}: the tokenizer of {} does not encode '{}' to the model's image token {} "
+                      "(image_token_index) but to {} token(s); add it to the tokenizer's added tokens", task.name,
+                      options_.model_dir.string(), kImagePlaceholder, mm->image_token_index, ids.size());
+  }
+  images_ = std::make_shared<const ImageEncoding>(
+      make_image_encoding(options_.model_dir, mm->image_token_index, mm->image_seq_length));
+}
+
+std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, size_t images, const std::string& source) const {
+  const MultimodalConfig* mm = model_->config().multimodal.get();
+  if (mm == nullptr) return ids;
+  const int64_t image_id = mm->image_token_index;
+  const auto tokens = std::count(ids.begin(), ids.end(), image_id);
+  if (tokens != static_cast<std::ptrdiff_t>(images)) {
+    fail<FormatError>("{}: the prompt encodes to {} image token(s) ({}) for {} image(s)", source, tokens,
+                      kImagePlaceholder, images);
+  }
+  if (images == 0) return ids;
+  std::vector<int64_t> out;
+  out.reserve(ids.size() + images * static_cast<size_t>(mm->image_seq_length - 1));
+  for (int64_t id : ids) {
+    if (id == image_id) out.insert(out.end(), static_cast<size_t>(mm->image_seq_length), id);
+    else out.push_back(id);
+  }
+  return out;
+}
+
+at::Tensor Evaluator::load_images(const std::vector<fs::path>& files, const std::string& source) const {
+  if (files.empty()) return {};
+  if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
+  const int64_t max_pixels = images_->max_pixels > 0 ? images_->max_pixels : vision::kMaxImagePixels;
+  std::vector<at::Tensor> out;
+  for (const fs::path& file : files) {
+    // The decoder's message names the file; the item's data file:line is put in front.
+    auto where = [&](const Error& e) {
+      const std::string what = e.what();
+      return what.find(file.string()) == std::string::npos ? fmt::format("{}: image {}: {}", source, file.string(), what)
+                                                           : fmt::format("{}: {}", source, what);
+    };
+    try {
+      out.push_back(vision::preprocess_image(vision::read_image(file, max_pixels), *images_->processor, max_pixels));
+    } catch (const IoError& e) {
+      fail<IoError>("{}", where(e));
+    } catch (const FormatError& e) {
+      fail<FormatError>("{}", where(e));
+    }
+  }
+  return at::stack(out);  // [N, C, H, W]
+}
+
 std::string Evaluator::prompt_text(const std::string& context) const {
   if (!options_.chat_template) return context;
   return options_.chat_template->render_text({{"user", context, std::nullopt}}, true);
 }
 
 TaskResult Evaluator::run(const Task& task, const EvalProgress& progress) {
+  check(task);
   switch (task.kind) {
     case TaskKind::kMultipleChoice: return run_choice(task, progress);
     case TaskKind::kGeneration: return run_generation(task, progress);
@@ -111,6 +189,7 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
     std::vector<std::string> continuations;
     for (const auto& choice : item.choices) continuations.push_back(item.delimiter + choice);
     requests.push_back(encode_request(prompt_text(item.context), continuations));
+    requests.back().context = expand_images(std::move(requests.back().context), item.images.size(), item.source);
     for (size_t j = 0; j < item.choices.size(); ++j) {
       if (requests.back().continuations[j].empty()) {
         fail<FormatError>("{}: the choice \"{}\" encodes to no tokens after its context", item.source, item.choices[j]);
@@ -121,9 +200,27 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
     r.requests += static_cast<int64_t>(item.choices.size());
   }
   r.encode_seconds = seconds_since(t0);
-  const auto scores = scorer_.score(requests, [&](size_t done) {
-    if (progress) progress(static_cast<int64_t>(done), r.items);
-  });
+  std::vector<std::vector<ContinuationScore>> scores;
+  if (!task.has_images) {
+    scores = scorer_.score(requests, [&](size_t done) {
+      if (progress) progress(static_cast<int64_t>(done), r.items);
+    });
+  } else {
+    // Chunks of items with their pixel values; each chunk's images are freed after it is scored.
+    for (size_t start = 0; start < requests.size(); start += kImageItemsPerChunk) {
+      const size_t end = std::min(requests.size(), start + kImageItemsPerChunk);
+      for (size_t i = start; i < end; ++i) {
+        requests[i].pixel_values = load_images(task.choice_items[i].images, task.choice_items[i].source);
+      }
+      const std::vector<LoglikelihoodRequest> chunk(requests.begin() + static_cast<std::ptrdiff_t>(start),
+                                                    requests.begin() + static_cast<std::ptrdiff_t>(end));
+      for (size_t i = start; i < end; ++i) requests[i].pixel_values = at::Tensor();
+      auto part = scorer_.score(chunk, [&](size_t done) {
+        if (progress) progress(static_cast<int64_t>(start + done), r.items);
+      });
+      for (auto& p : part) scores.push_back(std::move(p));
+    }
+  }
 
   std::vector<double> acc, acc_norm;
   std::map<std::string, std::vector<double>> by_group;
@@ -151,6 +248,7 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
                            {"pred_norm", o.pred_norm},
                            {"acc", o.correct ? 1 : 0},
                            {"acc_norm", o.correct_norm ? 1 : 0}});
+      if (task.has_images) r.samples.back()["images"] = image_names(item.images);
     }
   }
   if (options_.keep_requests) r.scored = std::move(requests);
@@ -203,7 +301,17 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
   for (const auto& item : task.generation_items) {
     std::vector<int64_t> ids = encode(prompt_text(item.context));
     if (ids.empty()) fail<FormatError>("{}: the prompt encodes to no tokens", item.source);
-    if (static_cast<int64_t>(ids.size()) > budget) ids.erase(ids.begin(), ids.end() - budget);
+    ids = expand_images(std::move(ids), item.images.size(), item.source);
+    if (static_cast<int64_t>(ids.size()) > budget) {
+      const auto cut_end = ids.end() - budget;
+      if (!item.images.empty() && std::find(ids.begin(), cut_end, model_->config().multimodal->image_token_index) != cut_end) {
+        fail<ConfigError>("{}: the prompt with its images ({} tokens) must lose {} from the left to leave room for {} new "
+                          "tokens in max length {}, which would cut into its images; raise the max length", item.source,
+                          ids.size(), ids.size() - static_cast<size_t>(budget), spec.max_new_tokens,
+                          options_.scorer.max_length);
+      }
+      ids.erase(ids.begin(), cut_end);
+    }
     r.tokens += static_cast<int64_t>(ids.size());
     prompts.push_back(std::move(ids));
   }
@@ -222,8 +330,13 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
   for (size_t start = 0; start < order.size(); start += B) {
     const size_t end = std::min(order.size(), start + B);
     std::vector<std::vector<int64_t>> batch;
-    for (size_t i = start; i < end; ++i) batch.push_back(prompts[order[i]]);
-    auto out = generator.generate(batch, config);
+    std::vector<at::Tensor> images;  // per prompt [N_i, C, H, W]; empty for a text task
+    for (size_t i = start; i < end; ++i) {
+      batch.push_back(prompts[order[i]]);
+      const GenerationItem& item = task.generation_items[order[i]];
+      if (task.has_images) images.push_back(load_images(item.images, item.source));
+    }
+    auto out = generator.generate(batch, config, {}, images);
     for (size_t i = start; i < end; ++i) {
       r.tokens += static_cast<int64_t>(out[i - start].new_ids.size());
       outputs[order[i]] = std::move(out[i - start]);
@@ -254,6 +367,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
                            {"target", item.target},
                            {"extracted", extracted},
                            {"exact_match", matched}});
+      if (task.has_images) r.samples.back()["images"] = image_names(item.images);
     }
   }
   for (size_t f = 0; f < spec.filters.size(); ++f) {

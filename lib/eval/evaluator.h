@@ -17,6 +17,7 @@
 namespace swiftcpp {
 class TextTokenizer;
 class ChatTemplate;
+struct ImageEncoding;
 }  // namespace swiftcpp
 
 namespace swiftcpp::eval {
@@ -28,6 +29,7 @@ struct EvalOptions {
   int64_t stride = 0;             // perplexity window stride; 0: max_length (lm-eval's disjoint windows)
   bool log_samples = false;       // keep a JSON record per item
   bool keep_requests = false;     // keep the multiple-choice requests' token ids (for baselines and debugging)
+  fs::path model_dir;             // tasks with images: the model folder, whose preprocessor_config.json prepares them
 };
 
 /// One reported number. `level` is "task", "group" (MMLU category or the macro average) or "subtask" (subject).
@@ -65,8 +67,16 @@ class Evaluator {
   /// Throws ConfigError on bad options.
   Evaluator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer, EvalOptions options);
 
-  /// Runs one task. Throws ConfigError / FormatError on requests the model cannot take.
+  /// Runs one task. Throws ConfigError / FormatError on requests the model cannot take, what check() throws, and
+  /// for tasks with images IoError / FormatError naming the item's data file:line and the image when an image
+  /// cannot be read or decoded.
   TaskResult run(const Task& task, const EvalProgress& progress = {});
+
+  /// Checks, without running it, that the model can take `task`: a task with images (Task::has_images) needs a
+  /// vision-language model whose folder (EvalOptions::model_dir) holds preprocessor_config.json and whose tokenizer
+  /// encodes "<image>" to the model's image token. Throws ConfigError naming the task, and what reading
+  /// preprocessor_config.json throws (vision::load_image_processor_config).
+  void check(const Task& task);
 
   /// lm-eval's tokenisation of (context, continuation) pairs sharing a context: trailing whitespace of the
   /// context moves to the continuations, each pair is encoded whole and its continuation is what follows the
@@ -81,12 +91,18 @@ class Evaluator {
   TaskResult run_generation(const Task& task, const EvalProgress& progress);
   TaskResult run_perplexity(const Task& task, const EvalProgress& progress);
   std::string prompt_text(const std::string& context) const;  // the chat template applied when set
+  // Vision-language models: context ids with each image token expanded to image_seq_length copies, after checking
+  // they hold one image token per image (FormatError naming `source`). Text models: the ids unchanged.
+  std::vector<int64_t> expand_images(std::vector<int64_t> ids, size_t images, const std::string& source) const;
+  // An item's images read and preprocessed: [N, C, H, W] float32 (undefined for none).
+  at::Tensor load_images(const std::vector<fs::path>& files, const std::string& source) const;
 
   CausalLM model_;
   std::shared_ptr<const TextTokenizer> tokenizer_;
   EvalOptions options_;
   Scorer scorer_;
   bool add_bos_ = true;
+  std::shared_ptr<const ImageEncoding> images_;  // set by check() for the first task with images
 };
 
 /// The markdown table of a run's metrics: | Task | Metric | Value | Stderr | n | Shots |, subjects indented.

@@ -48,26 +48,62 @@ Scorer::Scorer(CausalLM model, ScorerOptions options) : model_(std::move(model))
 std::vector<std::vector<ContinuationScore>> Scorer::score(const std::vector<LoglikelihoodRequest>& requests,
                                                           const std::function<void(size_t)>& on_progress) {
   const int64_t V = model_->config().vocab_size;
+  const MultimodalConfig* mm = model_->config().multimodal.get();
+  const int64_t image_id = mm != nullptr ? mm->image_token_index : -1;  // may lie outside the text vocabulary
+  // Checks the ids of one context or continuation; returns its image positions.
   auto check_ids = [&](const std::vector<int64_t>& ids, size_t index, const char* what) {
     if (ids.empty()) fail<ConfigError>("log-likelihood request {}: empty {}", index, what);
+    int64_t images = 0;
     for (int64_t id : ids) {
-      if (id < 0 || id >= V) fail<ConfigError>("log-likelihood request {}: token id {} outside the vocabulary (0..{})", index, id, V - 1);
+      if (mm != nullptr && id == image_id) {
+        ++images;
+      } else if (id < 0 || id >= V) {
+        fail<ConfigError>("log-likelihood request {}: token id {} outside the vocabulary (0..{})", index, id, V - 1);
+      }
     }
+    return images;
   };
   std::vector<int64_t> length(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    check_ids(requests[i].context, i, "context");
-    if (requests[i].continuations.empty()) fail<ConfigError>("log-likelihood request {}: no continuations", i);
+    const LoglikelihoodRequest& r = requests[i];
+    const int64_t image_positions = check_ids(r.context, i, "context");
+    const bool has_pixels = r.pixel_values.defined() && r.pixel_values.numel() > 0;
+    if (has_pixels && mm == nullptr) {
+      fail<ConfigError>("log-likelihood request {}: images given, but the {} model is a text model", i,
+                        model_->config().model_type);
+    }
+    if (mm != nullptr) {
+      if (has_pixels && r.pixel_values.dim() != 4) {
+        fail<ConfigError>("log-likelihood request {}: pixel values must be [N, C, H, W], got {} dimensions", i,
+                          r.pixel_values.dim());
+      }
+      const int64_t images = has_pixels ? r.pixel_values.size(0) : 0;
+      if (image_positions != images * mm->image_seq_length) {
+        fail<ConfigError>("log-likelihood request {}: the context holds {} image positions (id {}) for {} image(s) of "
+                          "{} positions each", i, image_positions, image_id, images, mm->image_seq_length);
+      }
+    }
+    if (r.continuations.empty()) fail<ConfigError>("log-likelihood request {}: no continuations", i);
     size_t longest = 0;
-    for (const auto& c : requests[i].continuations) {
-      check_ids(c, i, "continuation");
+    for (const auto& c : r.continuations) {
+      if (check_ids(c, i, "continuation") > 0) {
+        fail<ConfigError>("log-likelihood request {}: a continuation holds the image token {}", i, image_id);
+      }
       longest = std::max(longest, c.size());
     }
     if (static_cast<int64_t>(longest) > options_.max_length) {
       fail<ConfigError>("log-likelihood request {}: a continuation of {} tokens does not fit max length {}", i, longest,
                         options_.max_length);
     }
-    length[i] = static_cast<int64_t>(requests[i].context.size() + longest);
+    // The cut score_batch makes must not reach an image's positions.
+    const int64_t keep = std::min<int64_t>(r.context.size(), options_.max_length + 1 - static_cast<int64_t>(longest));
+    if (image_positions > 0 && keep < static_cast<int64_t>(r.context.size()) &&
+        std::find(r.context.begin(), r.context.end() - keep, image_id) != r.context.end() - keep) {
+      fail<ConfigError>("log-likelihood request {}: the context of {} tokens must lose {} from the left to fit max length "
+                        "{} with its longest continuation, which would cut into its images; raise the max length",
+                        i, r.context.size(), r.context.size() - keep, options_.max_length);
+    }
+    length[i] = static_cast<int64_t>(r.context.size() + longest);
   }
   // Longest first (lm-eval's order: an out-of-memory shows at once), stable for equal lengths.
   std::vector<size_t> order(requests.size());
@@ -128,6 +164,11 @@ void Scorer::score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
   first.cache = cache ? &*cache : nullptr;
   first.position_ids = at::tensor(pos, at::kLong).view({B, Lc}).to(device);
   first.key_valid = key_valid.narrow(1, 0, Lc);
+  std::vector<at::Tensor> pixels;  // the batch's images in row order, matching the row-major order of their runs
+  for (const LoglikelihoodRequest* r : batch) {
+    if (r->pixel_values.defined() && r->pixel_values.numel() > 0) pixels.push_back(r->pixel_values);
+  }
+  if (!pixels.empty()) first.pixel_values = at::cat(pixels).to(device);  // [N, C, H, W]
   const at::Tensor last_hidden = model_->hidden_states(at::tensor(ids, at::kLong).view({B, Lc}).to(device), first)
                                      .select(1, Lc - 1);  // [B, D]
 

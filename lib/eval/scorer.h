@@ -14,6 +14,9 @@ namespace swiftcpp::eval {
 struct LoglikelihoodRequest {
   std::vector<int64_t> context;                     // at least one token (BOS or a prefix token for empty text)
   std::vector<std::vector<int64_t>> continuations;  // each at least one token
+  /// Vision-language models: the context's images, [N, C, H, W] float, one per run of image_seq_length
+  /// image_token_index ids in `context`, in order; undefined for none. Continuations hold no image ids.
+  at::Tensor pixel_values{};
 };
 
 /// Score of one continuation: the sum of its tokens' log-probabilities (natural log, accumulated in float64) and
@@ -39,8 +42,11 @@ class Scorer {
   /// in batches of batch_size: contexts left-padded in one forward that fills a K/V cache, then every continuation
   /// longer than one token in a second forward over that cache, with the lm_head applied only at the positions
   /// scored. A context is cut from the left so that context + longest continuation - 1 fits max_length.
-  /// `on_progress(done)` is called after each batch with the number of requests finished. Throws ConfigError for
-  /// an empty context or continuation, an id outside the vocabulary, or a continuation longer than max_length.
+  /// `on_progress(done)` is called after each batch with the number of requests finished. Images of a batch's
+  /// contexts are encoded together in the contexts' forward. Throws ConfigError for an empty context or
+  /// continuation, an id outside the vocabulary, a continuation longer than max_length, image ids on a text model,
+  /// in a continuation or not matching pixel_values (image_seq_length per image), and a context whose cut from the
+  /// left would remove image positions (an image never loses part of its run).
   std::vector<std::vector<ContinuationScore>> score(const std::vector<LoglikelihoodRequest>& requests,
                                                     const std::function<void(size_t)>& on_progress = {});
 

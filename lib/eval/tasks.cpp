@@ -12,6 +12,7 @@
 #include "config/schema.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "data/dataset.h"
 #include "eval/archive.h"
 
 namespace swiftcpp::eval {
@@ -105,6 +106,7 @@ struct Question {
   int gold = 0;
   std::string group;
   std::string source;
+  std::vector<fs::path> images;  // image tasks: one per "<image>" in query, in order
 };
 
 // description + shots (each "query + delimiter + gold choice") joined by the few-shot delimiter + query.
@@ -514,7 +516,7 @@ Task load_gsm8k(const std::string& name, const fs::path& path, const TaskOptions
   std::string prefix;
   for (const auto& s : shots) prefix += "Question: " + s.question + "\nAnswer: " + s.answer + "\n\n";
   if (options.limit && static_cast<int64_t>(rows.size()) > *options.limit) rows.resize(*options.limit);
-  for (const auto& r : rows) task.generation_items.push_back({prefix + "Question: " + r.question + "\nAnswer:", r.answer, r.where});
+  for (const auto& r : rows) task.generation_items.push_back({prefix + "Question: " + r.question + "\nAnswer:", r.answer, r.where, {}});
   return task;
 }
 
@@ -558,6 +560,7 @@ struct CustomTaskConfig {
   std::string answer_regex;
   bool ignore_case = false;
   std::vector<std::string> ignore_regexes;
+  std::string image_field;
 };
 
 const ConfigSchema<CustomTaskConfig>& custom_schema() {
@@ -579,8 +582,69 @@ const ConfigSchema<CustomTaskConfig>& custom_schema() {
       .integer("max_new_tokens", &C::max_new_tokens, "generation: tokens to generate at most", 1, 1 << 20)
       .string("answer_regex", &C::answer_regex, "generation: regex extracting the answer (first group)")
       .boolean("ignore_case", &C::ignore_case, "generation: compare answers case-insensitively")
-      .strings("ignore_regexes", &C::ignore_regexes, "generation: regexes removed before comparing");
+      .strings("ignore_regexes", &C::ignore_regexes, "generation: regexes removed before comparing")
+      .string("image_field", &C::image_field, "the field holding each row's image path or list of paths (relative to "
+              "the row's data file, or absolute); the prompt gets one <image> per image unless it writes them");
   return schema;
+}
+
+// The images of a row: `field` holds one path or a list of paths, relative ones resolved against `base` (the
+// folder of the row's data file). Each must be an existing regular file (decoding waits for the evaluator).
+std::vector<fs::path> row_images(const Json& row, const std::string& field, const fs::path& base,
+                                 const std::string& where) {
+  if (!row.contains(field)) fail<FormatError>("{}: no field '{}' (the images)", where, field);
+  const Json& value = row.at(field);
+  std::vector<std::string> names;
+  if (value.is_string()) {
+    names.push_back(value.get<std::string>());
+  } else if (value.is_array()) {
+    for (const auto& v : value) {
+      if (!v.is_string()) {
+        fail<FormatError>("{}: '{}' must be an image path or a list of paths, got an element {}", where, field,
+                          describe_json(v));
+      }
+      names.push_back(v.get<std::string>());
+    }
+  } else {
+    fail<FormatError>("{}: '{}' must be an image path or a list of paths, got {}", where, field, describe_json(value));
+  }
+  std::vector<fs::path> out;
+  for (const auto& name : names) {
+    if (name.empty()) fail<FormatError>("{}: '{}' holds an empty image path", where, field);
+    const fs::path path = fs::path(name).is_absolute() ? fs::path(name) : base / name;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st)) fail<IoError>("{}: image {} does not exist", where, path.string());
+    if (!fs::is_regular_file(st)) fail<IoError>("{}: image {} is not a regular file", where, path.string());
+    out.push_back(path);
+  }
+  return out;
+}
+
+// A row's prompt with its image placeholders: as written when it holds kImagePlaceholder (then once per image),
+// else one "<image>\n" per image put in front.
+std::string with_image_placeholders(const std::string& prompt, size_t images, const std::string& where) {
+  const int64_t written = count_image_placeholders(prompt);
+  if (written == 0) {
+    std::string out;
+    for (size_t i = 0; i < images; ++i) out += std::string(kImagePlaceholder) + "\n";
+    return out + prompt;
+  }
+  if (written != static_cast<int64_t>(images)) {
+    fail<FormatError>("{}: the prompt holds {} {} placeholder(s) but the row has {} image(s)", where, written,
+                      kImagePlaceholder, images);
+  }
+  return prompt;
+}
+
+// An image task's assembled context must hold exactly one placeholder per image: text outside the rows' prompts
+// (description, an example's answer) may not write one.
+void check_image_count(const std::string& context, size_t images, const std::string& where) {
+  const int64_t n = count_image_placeholders(context);
+  if (n != static_cast<int64_t>(images)) {
+    fail<FormatError>("{}: the assembled prompt holds {} {} placeholder(s) for {} image(s); only the prompt of a "
+                      "row may hold them (not the description or an answer)", where, n, kImagePlaceholder, images);
+  }
 }
 
 Task load_custom(const fs::path& yaml, const TaskOptions& options) {
@@ -593,16 +657,20 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
   if (c.answer.empty()) fail<ConfigError>("{}: 'answer' is required", origin);
   const fs::path base = yaml.parent_path();
   const fs::path data = fs::path(c.data).is_absolute() ? fs::path(c.data) : base / c.data;
+  const bool images = !c.image_field.empty();
   if (!fs::exists(data)) fail<IoError>("{}: data file {} does not exist", origin, data.string());
   const int k = options.num_fewshot.value_or(static_cast<int>(c.num_fewshot));
   Task task;
   task.name = c.name;
   task.source = data.string();
   task.num_fewshot = k;
+  task.has_images = images;
   const auto rows = read_jsonl(data);
   std::vector<std::pair<std::string, Json>> shot_rows;
+  fs::path shot_base;
   if (!c.fewshot_data.empty()) {
     const fs::path f = fs::path(c.fewshot_data).is_absolute() ? fs::path(c.fewshot_data) : base / c.fewshot_data;
+    shot_base = f.parent_path();
     shot_rows = read_jsonl(f);
     if (static_cast<int>(shot_rows.size()) < k) fail<ConfigError>("{}: {} few-shot examples asked, {} has {}", origin, k, f.string(), shot_rows.size());
     if (k > 0) task.fewshot_source = f.string() + " (first k)";
@@ -613,12 +681,21 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
   if (c.type == "multiple_choice") {
     if (c.choices.empty()) fail<ConfigError>("{}: multiple_choice needs 'choices' (the field holding the list)", origin);
     task.kind = TaskKind::kMultipleChoice;
-    auto question = [&](const Json& row, const std::string& where) {
+    auto question = [&](const Json& row, const std::string& where, const fs::path& row_base) {
       Question q;
       q.source = where;
       q.query = render_fields(c.prompt, row, where);
+      if (images) {
+        q.images = row_images(row, c.image_field, row_base, where);
+        q.query = with_image_placeholders(q.query, q.images.size(), where);
+      }
       if (!row.contains(c.choices)) fail<FormatError>("{}: no field '{}' (the choices)", where, c.choices);
       q.choices = string_list(row.at(c.choices), c.choices, where);
+      for (const auto& choice : q.choices) {
+        if (images && count_image_placeholders(choice) > 0) {
+          fail<FormatError>("{}: the choice \"{}\" holds {}: images go in the prompt", where, choice, kImagePlaceholder);
+        }
+      }
       if (!row.contains(c.answer)) fail<FormatError>("{}: no field '{}' (the answer)", where, c.answer);
       const Json& a = row.at(c.answer);
       if (a.is_string() && std::find(q.choices.begin(), q.choices.end(), a.get<std::string>()) != q.choices.end()) {
@@ -629,8 +706,10 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
       return q;
     };
     std::vector<Question> all, shots_pool;
-    for (const auto& [where, row] : rows) all.push_back(question(row, where));
-    for (int i = 0; i < k && !shot_rows.empty(); ++i) shots_pool.push_back(question(shot_rows[i].second, shot_rows[i].first));
+    for (const auto& [where, row] : rows) all.push_back(question(row, where, data.parent_path()));
+    for (int i = 0; i < k && !shot_rows.empty(); ++i) {
+      shots_pool.push_back(question(shot_rows[i].second, shot_rows[i].first, shot_base));
+    }
     const size_t count = options.limit ? std::min<size_t>(all.size(), *options.limit) : all.size();
     for (size_t i = 0; i < count; ++i) {
       std::vector<const Question*> shots;
@@ -645,6 +724,11 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
       item.delimiter = c.target_delimiter;
       item.gold = all[i].gold;
       item.source = all[i].source;
+      if (images) {
+        for (const Question* s : shots) item.images.insert(item.images.end(), s->images.begin(), s->images.end());
+        item.images.insert(item.images.end(), all[i].images.begin(), all[i].images.end());
+        check_image_count(item.context, item.images.size(), item.source);
+      }
       task.choice_items.push_back(std::move(item));
     }
     return task;
@@ -658,21 +742,36 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
   if (!c.answer_regex.empty()) task.generation.filters.push_back({"regex", c.answer_regex, 0, "[invalid]"});
   else task.generation.filters.push_back({"none", "", 0, ""});
   const std::string target_templ = c.target.empty() ? c.answer : c.target;
+  // A row's prompt and images (placeholders added as for multiple choice).
+  auto query = [&](const Json& row, const std::string& where, const fs::path& row_base, std::vector<fs::path>& out) {
+    std::string text = render_fields(c.prompt, row, where);
+    if (!images) return text;
+    const std::vector<fs::path> own = row_images(row, c.image_field, row_base, where);
+    out.insert(out.end(), own.begin(), own.end());
+    return with_image_placeholders(text, own.size(), where);
+  };
+  const fs::path data_folder = data.parent_path();
   const size_t count = options.limit ? std::min<size_t>(rows.size(), *options.limit) : rows.size();
   for (size_t i = 0; i < count; ++i) {
+    GenerationItem item;
     std::string prefix = c.description;
-    std::vector<std::pair<std::string, Json>> shots;
+    std::vector<std::pair<const std::pair<std::string, Json>*, const fs::path*>> shots;  // (row, its folder; null: data's)
     if (!shot_rows.empty()) {
-      shots.assign(shot_rows.begin(), shot_rows.begin() + k);
+      for (int j = 0; j < k; ++j) shots.emplace_back(&shot_rows[j], &shot_base);
     } else {
-      for (size_t j : sample_others(rows.size(), i, k, options.seed, c.name)) shots.push_back(rows[j]);
+      for (size_t j : sample_others(rows.size(), i, k, options.seed, c.name)) shots.emplace_back(&rows[j], nullptr);
     }
-    for (const auto& [where, row] : shots) {
-      prefix += render_fields(c.prompt, row, where) + c.target_delimiter + render_fields(target_templ, row, where) +
-                c.fewshot_delimiter;
+    for (const auto& [shot, shot_folder] : shots) {
+      const auto& [where, row] = *shot;
+      prefix += query(row, where, shot_folder ? *shot_folder : data_folder, item.images) + c.target_delimiter +
+                render_fields(target_templ, row, where) + c.fewshot_delimiter;
     }
     const auto& [where, row] = rows[i];
-    task.generation_items.push_back({prefix + render_fields(c.prompt, row, where), render_fields(c.answer, row, where), where});
+    item.context = prefix + query(row, where, data_folder, item.images);
+    item.target = render_fields(c.answer, row, where);
+    item.source = where;
+    if (images) check_image_count(item.context, item.images.size(), item.source);
+    task.generation_items.push_back(std::move(item));
   }
   return task;
 }

@@ -25,6 +25,7 @@ struct ChoiceItem {
   int gold = 0;
   std::string group;   // MMLU subject; empty elsewhere
   std::string source;  // "file:line" of the question
+  std::vector<fs::path> images;  // image tasks: one file per "<image>" in context (examples' first), in order
 };
 
 /// One generation question: greedy continuation of `context`, compared with `target` after extraction.
@@ -32,6 +33,7 @@ struct GenerationItem {
   std::string context;
   std::string target;  // the reference answer as the data gives it (GSM8K: the whole solution with "#### N")
   std::string source;
+  std::vector<fs::path> images;  // image tasks: one file per "<image>" in context (examples' first), in order
 };
 
 /// One document of a perplexity task.
@@ -71,6 +73,7 @@ struct Task {
   std::vector<TextDocument> documents;
   GenerationSpec generation;
   std::map<std::string, std::string> categories;  // group -> category (MMLU subject -> STEM, ...)
+  bool has_images = false;  // a custom task with image_field: its items carry images (a vision-language model's task)
 };
 
 /// Settings that apply to every task of a run.
@@ -87,7 +90,10 @@ std::vector<std::string> builtin_task_names();
 /// "NAME=PATH" (a built-in task read from PATH) or "FILE.yaml" (a custom task). Throws ConfigError for an
 /// unknown task name or a bad option, IoError for a missing file (naming the paths tried), FormatError naming the
 /// file and line for malformed data (a CSV row with the wrong number of fields, a gold index out of range, a
-/// missing field); nothing is skipped silently.
+/// missing field); nothing is skipped silently. A custom task with `image_field` gives items with images: a row's
+/// prompt keeps the "<image>" placeholders it writes (one per image) or gets one "<image>\n" per image in front;
+/// an image file that does not exist is an IoError naming the data file:line and the image, a placeholder count
+/// that differs from the row's images a FormatError naming file:line.
 Task load_task(const std::string& spec, const fs::path& data_dir, const TaskOptions& options);
 
 /// Checks a `--tasks` entry's name without reading data, so a typo is reported before any loading. Throws

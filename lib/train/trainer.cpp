@@ -353,14 +353,19 @@ double Trainer::time_forward_backward(const Batch& batch) {
   return seconds;
 }
 
-at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk, bool need_loss) {
+at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk, bool need_loss,
+                                 const at::Tensor& image_features) {
   const at::Device device = model_->device();
   ForwardOptions options;
   options.chunk = chunk;
   if (batch.position_ids.defined()) options.position_ids = batch.position_ids.to(device);
   if (batch.key_valid.defined()) options.key_valid = batch.key_valid.to(device);
   if (batch.segment_ids.defined()) options.segment_ids = batch.segment_ids.to(device);
-  if (batch.pixel_values.defined()) options.pixel_values = batch.pixel_values.to(device);
+  if (image_features.defined()) {
+    options.image_features = image_features;
+  } else if (batch.pixel_values.defined()) {
+    options.pixel_values = batch.pixel_values.to(device);
+  }
   const at::Tensor ids = batch.input_ids.to(device);
   const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
   // The head and the loss only where a label is: padding and prompt positions cost no vocabulary projection.
@@ -442,9 +447,23 @@ StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t
   for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();  // every tensor, not only this rank's (ZeRO-1)
   at::Tensor correct;
   step_start_ = std::chrono::steady_clock::now();
+  // The images of a split sequence's chunks are encoded once, here: ChunkFlow runs a chunk whose graph it did not
+  // keep twice (without autograd for its K/V, then again in backward), and the vision tower must not run twice.
+  // Each chunk's features take part in exactly one backward, so their graph (projector, and a trainable tower)
+  // is kept until then and freed by it.
+  std::map<const Batch*, at::Tensor> features;  // chunk -> [N, F, D]
+  for (const auto& chunks : batch.sequences) {
+    for (const Batch& chunk : chunks) {
+      if (!chunk.pixel_values.defined()) continue;
+      AutocastScope autocast(config_.bf16, model_->device());
+      features[&chunk] = model_->vision()->encode(chunk.pixel_values.to(model_->device()));
+    }
+  }
   const ChunkLossFn loss = [&](const Batch& chunk, nn::ChunkKV* state, bool need_loss) {
     AutocastScope autocast(config_.bf16, model_->device());
-    return forward_loss(chunk, need_loss ? &correct : nullptr, state, need_loss);
+    const auto it = features.find(&chunk);
+    return forward_loss(chunk, need_loss ? &correct : nullptr, state, need_loss,
+                        it == features.end() ? at::Tensor() : it->second);
   };
   ChunkFlowOptions options;
   options.keep = config_.chunk_keep;

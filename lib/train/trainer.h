@@ -101,8 +101,9 @@ class Trainer {
   /// correctly ranked label tokens to `correct` (a device scalar) when given.
   /// With `chunk`, a ChunkFlow chunk attending to earlier chunks' K/V; with need_loss false, only the K/V are
   /// wanted and the head is skipped (returns an undefined tensor).
+  /// `image_features`, when given, are the batch's images already encoded ([N, F, D]).
   at::Tensor forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk = nullptr,
-                          bool need_loss = true);
+                          bool need_loss = true, const at::Tensor& image_features = {});
   /// Clipping and the AdamW update after the gradients of a step are in.
   void finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
                    int64_t total_steps);

@@ -191,9 +191,10 @@ std::string CausalLMImpl::language_model_prefix() const {
   return config_.multimodal ? config_.multimodal->language_model + "." : std::string();
 }
 
-at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pixel_values) {
+at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pixel_values,
+                               const at::Tensor& image_features) {
   if (!config_.multimodal) {
-    if (pixel_values.defined()) {
+    if (pixel_values.defined() || image_features.defined()) {
       fail<ModelError>("images were given, but the {} model is a text model (no vision encoder)", config_.model_type);
     }
     return model->embed_tokens(input_ids);  // [B, T, D]
@@ -203,7 +204,9 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pi
   // The image id may lie outside the text vocabulary: its positions look up row 0 and are overwritten below.
   at::Tensor h = model->embed_tokens(input_ids.masked_fill(is_image, 0));  // [B, T, D]
   const int64_t slots = is_image.sum().item<int64_t>();
-  const int64_t images = pixel_values.defined() ? pixel_values.size(0) : 0;
+  const int64_t images = image_features.defined() ? image_features.size(0)
+                         : pixel_values.defined() ? pixel_values.size(0)
+                                                  : 0;
   const int64_t per_image = config_.multimodal->image_seq_length;
   if (slots != images * per_image) {
     fail<ModelError>("the input holds {} image-token positions (id {}), but {} image{} of {} features each were given "
@@ -211,7 +214,8 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pi
                      images == 1 ? "" : "s", per_image, images * per_image, per_image);
   }
   if (images == 0) return h;
-  const at::Tensor features = vision_->encode(pixel_values.to(h.device()));  // [N, F, D]
+  const at::Tensor features =
+      image_features.defined() ? image_features : vision_->encode(pixel_values.to(h.device()));  // [N, F, D]
   TORCH_CHECK(features.dim() == 3 && features.size(1) == per_image && features.size(2) == h.size(2),
               "vision encoder returned ", features.sizes());
   // Row-major order of the image positions is the order of the images.
@@ -253,7 +257,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
                 options.inputs_embeds.sizes());
     h = options.inputs_embeds;
   } else {
-    h = embed(input_ids, options.pixel_values);
+    h = embed(input_ids, options.pixel_values, options.image_features);
   }
   auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
   const at::Tensor mask =

@@ -27,6 +27,9 @@ struct ForwardOptions {
   /// Vision-language models: the images of this forward, [N, C, H, W] float, in row-major order of their
   /// image-token runs in input_ids (each image fills image_seq_length positions holding image_token_index).
   at::Tensor pixel_values;
+  /// [N, F, D]: the vision encoder's output for this forward's images, computed beforehand (used instead of
+  /// pixel_values), so a forward that runs twice (ChunkFlow's recomputation) runs the vision tower once.
+  at::Tensor image_features;
   /// [B, T, D]: used instead of looking input_ids up (and instead of pixel_values); input_ids still give B and T.
   at::Tensor inputs_embeds;
 };
@@ -101,10 +104,12 @@ class CausalLMImpl : public torch::nn::Module {
  public:
   explicit CausalLMImpl(DecoderConfig config);
 
-  /// Input embeddings: input_ids [B, T] looked up, then, with pixel_values [N, C, H, W], the positions holding
-  /// image_token_index (row-major) replaced by the vision encoder's features -> [B, T, D]. Throws ModelError when
-  /// the model has no vision encoder, or the image positions are not N * image_seq_length.
-  at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& pixel_values = {});
+  /// Input embeddings: input_ids [B, T] looked up, then, with pixel_values [N, C, H, W] (or their features
+  /// [N, F, D] from vision()->encode, given as image_features), the positions holding image_token_index
+  /// (row-major) replaced by the vision encoder's features -> [B, T, D]. Throws ModelError when the model has no
+  /// vision encoder, or the image positions are not N * image_seq_length.
+  at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& pixel_values = {},
+                   const at::Tensor& image_features = {});
   /// The vision encoder (null for text models).
   const std::shared_ptr<VisionEncoderImpl>& vision() const { return vision_; }
   /// Module-path prefix of the language model: "" for text models, "language_model." for LLaVA.

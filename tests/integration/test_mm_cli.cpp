@@ -287,6 +287,18 @@ TEST(MmTrainCli, PackingAndChunkFlowTrainLikePaddingWithImages) {
   EXPECT_NE(small.out.find("chunk_size"), std::string::npos) << small.out;
 }
 
+TEST(MmTrainCli, DataInspectEncodesImageRowsAsTrainingDoes) {
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  const fs::path base = test::temp_dir("mm_data_inspect");
+  const fs::path data = write_mm_dataset(base / "data");
+  const auto r = run_cli("data inspect --model " + (llava_dir() / "tiny-llava").string() + " --dataset " +
+                         data.string() + " --show 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("template: llava"), std::string::npos) << r.out;
+  // 21 rows, each image a run of 16 positions: the counts training reports for the same data.
+  EXPECT_NE(r.out.find("samples 21 (train 21, validation 0), tokens 1190, trained tokens 248"), std::string::npos) << r.out;
+}
+
 TEST(MmTrainCli, BadRowsNameTheFileAndLine) {
   SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
   const fs::path base = test::temp_dir("mm_train_cli_bad");
