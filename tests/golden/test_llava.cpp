@@ -13,6 +13,7 @@
 #include "peft/lora.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
+#include "tests/adapter_util.h"
 #include "tests/test_util.h"
 
 namespace swiftcpp {
@@ -196,18 +197,7 @@ Batch lora_step_batch(LlavaFixture& f) {
   return batch;
 }
 
-// Norm-wise relative error of our tensors against the same-named ones of a PEFT adapter folder (the worst).
-double adapter_rel_error(const std::vector<TrainableTensor>& tensors, const fs::path& dir) {
-  const Checkpoint expected = Checkpoint::open(dir / "adapter_model.safetensors");
-  EXPECT_EQ(expected.names().size(), tensors.size());
-  double worst = 0;
-  for (const auto& t : tensors) {
-    const at::Tensor want = expected.tensor(t.name).to(at::kDouble);
-    const at::Tensor diff = t.tensor.detach().to(at::kDouble) - want;
-    worst = std::max(worst, diff.norm().item<double>() / std::max(1e-12, want.norm().item<double>()));
-  }
-  return worst;
-}
+using test::adapter_rel_error;
 
 TEST(GoldenLlava, PeftAdaptersWithTheProjectorReproducePeftLogits) {
   SWIFTCPP_REQUIRE_SHARED(llava_dir() / "lora_step.json");

@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
+#include "tests/adapter_util.h"
 #include "tests/test_util.h"
 #include "train/optim.h"
 #include "train/preference.h"
@@ -690,18 +691,7 @@ TEST(PreferenceParity, KtoWithItsMismatchedKlBatchMatchesTrl) {
 // ---------------------------------------------------------------------------------------------------------------
 // One DPO step.
 
-// Norm-wise relative error per adapter tensor against the same-named tensors in `dir`: the worst tensor.
-double adapter_rel_error(const std::vector<TrainableTensor>& tensors, const fs::path& dir) {
-  const Checkpoint expected = Checkpoint::open(dir / "adapter_model.safetensors");
-  EXPECT_EQ(expected.names().size(), tensors.size());
-  double worst = 0;
-  for (const auto& t : tensors) {
-    const at::Tensor want = expected.tensor(t.name).to(at::kDouble);
-    const at::Tensor diff = t.tensor.detach().to(at::kDouble) - want;
-    worst = std::max(worst, diff.norm().item<double>() / std::max(1e-12, want.norm().item<double>()));
-  }
-  return worst;
-}
+using test::adapter_rel_error;
 
 TEST(PreferenceTrainStep, OneDpoAdamWStepMatchesTrl) {
   SWIFTCPP_REQUIRE_RLHF();
