@@ -203,17 +203,18 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pi
   const at::Tensor is_image = input_ids == image_id;  // [B, T]
   // The image id may lie outside the text vocabulary: its positions look up row 0 and are overwritten below.
   at::Tensor h = model->embed_tokens(input_ids.masked_fill(is_image, 0));  // [B, T, D]
-  const int64_t slots = is_image.sum().item<int64_t>();
   const int64_t images = image_features.defined() ? image_features.size(0)
                          : pixel_values.defined() ? pixel_values.size(0)
                                                   : 0;
+  // No images (every decode step): nothing to place, and no host sync to count positions.
+  if (images == 0) return h;
+  const int64_t slots = is_image.sum().item<int64_t>();
   const int64_t per_image = config_.multimodal->image_seq_length;
   if (slots != images * per_image) {
     fail<ModelError>("the input holds {} image-token positions (id {}), but {} image{} of {} features each were given "
                      "({} positions expected): each image is one run of {} ids", slots, image_id, images,
                      images == 1 ? "" : "s", per_image, images * per_image, per_image);
   }
-  if (images == 0) return h;
   const at::Tensor features =
       image_features.defined() ? image_features : vision_->encode(pixel_values.to(h.device()));  // [N, F, D]
   TORCH_CHECK(features.dim() == 3 && features.size(1) == per_image && features.size(2) == h.size(2),
