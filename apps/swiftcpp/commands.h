@@ -29,6 +29,9 @@ CommandRun add_data_command(CLI::App& root, const GlobalOptions& globals);
 /// `swiftcpp train`: fine-tuning from a recipe; `argv` is recorded in args.json.
 CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);
 
+/// `swiftcpp rlhf`: preference training from a recipe (dpo, kto, orpo, cpo, simpo, rm); `argv` as for train.
+CommandRun add_rlhf_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);
+
 /// `swiftcpp export`: a Hugging Face checkpoint, optionally with a LoRA adapter merged.
 CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals);
 CommandRun add_quantize_command(CLI::App& root, const GlobalOptions& globals);

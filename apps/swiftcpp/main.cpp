@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   commands[root.get_subcommand("data")] = data;
   app::CommandRun train = app::add_train_command(root, globals, std::vector<std::string>(argv, argv + argc));
   commands[root.get_subcommand("train")] = train;
+  app::CommandRun rlhf = app::add_rlhf_command(root, globals, std::vector<std::string>(argv, argv + argc));
+  commands[root.get_subcommand("rlhf")] = rlhf;
   app::CommandRun export_ = app::add_export_command(root, globals);
   commands[root.get_subcommand("export")] = export_;
   app::CommandRun quantize = app::add_quantize_command(root, globals);

@@ -1,5 +1,6 @@
-// `swiftcpp train --recipe R.yaml [key=value ...]`: supervised fine-tuning (full, LoRA, DoRA) with checkpoints,
-// exact resume and a clean stop on SIGINT/SIGTERM.
+// `swiftcpp train --recipe R.yaml [key=value ...]`: supervised fine-tuning (full, LoRA, DoRA), and
+// `swiftcpp rlhf --recipe R.yaml [key=value ...]`: preference training (dpo, kto, orpo, cpo, simpo, rm), both with
+// checkpoints, exact resume, several processes and a clean stop on SIGINT/SIGTERM.
 #include <unistd.h>
 
 #include <atomic>
@@ -10,7 +11,8 @@
 #include "apps/swiftcpp/commands.h"
 #include "apps/swiftcpp/launch.h"
 #include "core/progress.h"
-#include "train/trainer.h"
+#include "train/rlhf.h"
+#include "train/run.h"
 #include "train/tune_chunks.h"
 
 namespace swiftcpp::app {
@@ -32,6 +34,7 @@ extern "C" void on_stop_signal(int signal) {
 }
 
 struct TrainOptions {
+  bool rlhf = false;  // the rlhf command
   std::string recipe;
   std::vector<std::string> overrides;
   bool print_config = false;
@@ -61,20 +64,26 @@ int run_tune(const TrainConfig& config, const ChunkTuneOptions& options) {
 
 int run_train(const TrainOptions& o, const std::vector<std::string>& command_line) {
   if (o.list_keys) {
-    std::cout << "recipe keys (YAML recipe or key=value):\n" << train_config_schema().help();
+    std::cout << "recipe keys (YAML recipe or key=value):\n"
+              << train_config_schema().help(o.rlhf ? rlhf_defaults() : TrainConfig{});
     return 0;
   }
   for (const auto& ov : o.overrides) {
     if (ov.find('=') == std::string::npos) {
-      fail<ConfigError>("argument '{}': expected key=value (run 'swiftcpp train --list-keys' for the keys)", ov);
+      fail<ConfigError>("argument '{}': expected key=value (run 'swiftcpp {} --list-keys' for the keys)", ov,
+                        o.rlhf ? "rlhf" : "train");
     }
   }
-  const TrainConfig config = load_train_config(o.recipe, o.overrides);
+  const TrainConfig config = load_train_config(o.recipe, o.overrides, o.rlhf ? rlhf_defaults() : TrainConfig{});
+  if (o.rlhf) preference_options(config);  // a key that does not fit the method is refused before anything starts
   if (o.print_config) {
     std::cout << train_config_schema().dump(config).dump(2) << std::endl;
     return 0;
   }
-  if (o.tune_chunks) return run_tune(config, o.tune);
+  if (o.tune_chunks) {
+    if (o.rlhf) fail<ConfigError>("--tune-chunks tunes ChunkFlow, which preference training does not use");
+    return run_tune(config, o.tune);
+  }
   // The launcher: the recipe was checked above; the workers read it again.
   if (o.launch.nproc_per_node > 0) return launch_workers(o.launch, strip_launcher_options(command_line));
   std::signal(SIGINT, on_stop_signal);
@@ -85,7 +94,7 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
   hooks.columns = terminal_columns(stderr);
   hooks.stop = &g_stop;
   hooks.command_line = command_line;
-  const TrainResult result = run_training(config, hooks);
+  const TrainResult result = o.rlhf ? run_rlhf(config, hooks) : run_training(config, hooks);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   const char* rank = std::getenv("RANK");
@@ -96,22 +105,29 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
 
 }  // namespace
 
-CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv) {
+namespace {
+
+CommandRun add_training_command(CLI::App& root, const std::vector<std::string>& argv, bool rlhf) {
   auto o = std::make_shared<TrainOptions>();
-  CLI::App* cmd = root.add_subcommand("train", "Fine-tune a model (full, LoRA or DoRA) from a YAML recipe");
+  o->rlhf = rlhf;
+  CLI::App* cmd = rlhf ? root.add_subcommand("rlhf", "Preference training from a YAML recipe: rlhf_type dpo, kto, "
+                                                     "orpo, cpo, simpo or rm (full, LoRA, DoRA, QLoRA)")
+                       : root.add_subcommand("train", "Fine-tune a model (full, LoRA or DoRA) from a YAML recipe");
   cmd->add_option("--recipe", o->recipe, "YAML recipe (see recipes/ and docs/recipes.md)")->check(CLI::ExistingFile);
   cmd->add_option("overrides", o->overrides, "key=value overrides applied after the recipe (e.g. max_steps=10)");
   cmd->add_flag("--print-config", o->print_config, "Print the resolved configuration as JSON and exit");
   cmd->add_flag("--list-keys", o->list_keys, "List every recipe key with its type, default and meaning");
-  cmd->add_flag("--tune-chunks", o->tune_chunks,
-                "ChunkFlow: time a short grid of (chunk_size, chunk_keep) with C x K fixed on this recipe's data and "
-                "recommend the fastest that fits --memory-limit-mib");
-  cmd->add_option("--tune-budget", o->tune.budget, "C x K in tokens for --tune-chunks (default: chunk_size x chunk_keep)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--tune-steps", o->tune.steps, "optimizer steps per candidate, the first untimed (default 3)")
-      ->check(CLI::Range(2, 1000));
-  cmd->add_option("--memory-limit-mib", o->tune.memory_limit_mib, "peak tensor memory a candidate may use (0: any)")
-      ->check(CLI::NonNegativeNumber);
+  if (!rlhf) {
+    cmd->add_flag("--tune-chunks", o->tune_chunks,
+                  "ChunkFlow: time a short grid of (chunk_size, chunk_keep) with C x K fixed on this recipe's data and "
+                  "recommend the fastest that fits --memory-limit-mib");
+    cmd->add_option("--tune-budget", o->tune.budget, "C x K in tokens for --tune-chunks (default: chunk_size x chunk_keep)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--tune-steps", o->tune.steps, "optimizer steps per candidate, the first untimed (default 3)")
+        ->check(CLI::Range(2, 1000));
+    cmd->add_option("--memory-limit-mib", o->tune.memory_limit_mib, "peak tensor memory a candidate may use (0: any)")
+        ->check(CLI::NonNegativeNumber);
+  }
   cmd->add_option("--nproc-per-node", o->launch.nproc_per_node,
                   "start N worker processes here and train data-parallel (c10d: Gloo on CPU, NCCL on CUDA)")
       ->check(CLI::Range(1, 1024));
@@ -123,6 +139,18 @@ CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const
   cmd->footer("Stops cleanly on Ctrl-C / SIGTERM after the current step with a checkpoint (exit 130 / 143);\n"
               "resume with resume_from_checkpoint=latest. Prints the last checkpoint folder on stdout.");
   return [o, argv]() { return run_train(*o, argv); };
+}
+
+}  // namespace
+
+CommandRun add_train_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv) {
+  (void)globals;
+  return add_training_command(root, argv, false);
+}
+
+CommandRun add_rlhf_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv) {
+  (void)globals;
+  return add_training_command(root, argv, true);
 }
 
 }  // namespace swiftcpp::app

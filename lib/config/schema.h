@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -22,11 +24,17 @@ namespace config_detail {
 
 /// One field: its key, type name, help, and how to set it from a YAML node and read it back as JSON.
 struct Field {
+  using Setter = std::function<void(void*, const YAML::Node&, const std::string&)>;  // (object, value, where)
+  using Getter = std::function<Json(const void*)>;
+  Field(std::string key_, std::string type_, std::string help_, Setter set_, Getter get_)
+      : key(std::move(key_)), type(std::move(type_)), help(std::move(help_)), set(std::move(set_)), get(std::move(get_)) {}
+
   std::string key;
   std::string type;
   std::string help;
-  std::function<void(void*, const YAML::Node&, const std::string&)> set;  // (object, value, where)
-  std::function<Json(const void*)> get;
+  Setter set;
+  Getter get;
+  std::string alias_of;  // another name for this key (set only; not dumped)
 };
 
 /// Edit distance, for "did you mean" suggestions.
@@ -80,6 +88,46 @@ class ConfigSchema {
                        },
                        [=](const void* o) { return Json(static_cast<const T*>(o)->*member); }});
     return *this;
+  }
+
+  /// An optional floating-point field: unset (null, the default) or a finite number in [min, max].
+  ConfigSchema& optional_number(const std::string& key, std::optional<double> T::*member, const std::string& help,
+                                double min = -std::numeric_limits<double>::infinity(),
+                                double max = std::numeric_limits<double>::infinity()) {
+    fields_.push_back({key, "number or null", help,
+                       [=](void* o, const YAML::Node& n, const std::string& where) {
+                         if (n.IsNull() || (n.IsScalar() && (n.Scalar() == "null" || n.Scalar() == "None"))) {
+                           (static_cast<T*>(o)->*member).reset();
+                           return;
+                         }
+                         double v = 0;
+                         if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) {
+                           fail<ConfigError>("{}: '{}' must be a number or null, got {}", where, key, config_detail::describe(n));
+                         }
+                         if (!std::isfinite(v)) fail<ConfigError>("{}: '{}' must be a finite number, got {}", where, key, v);
+                         if (!(v >= min && v <= max)) fail<ConfigError>("{}: '{}' must be in [{}, {}], got {}", where, key, min, max, v);
+                         static_cast<T*>(o)->*member = v;
+                       },
+                       [=](const void* o) {
+                         const std::optional<double>& v = static_cast<const T*>(o)->*member;
+                         return v ? Json(*v) : Json(nullptr);
+                       }});
+    return *this;
+  }
+
+  /// Another name for an already declared key (ms-swift renames keys across versions): setting it sets that key.
+  /// Not dumped; listed in help. Must follow the key's declaration.
+  ConfigSchema& alias(const std::string& key, const std::string& target) {
+    for (const auto& f : fields_) {
+      if (f.key != target) continue;
+      config_detail::Field a = f;
+      a.key = key;
+      a.help = "same as " + target;
+      a.alias_of = target;
+      fields_.push_back(std::move(a));
+      return *this;
+    }
+    throw std::logic_error("ConfigSchema::alias: no key " + target);
   }
 
   /// A boolean field (true/false).
@@ -161,7 +209,9 @@ class ConfigSchema {
   /// Every field's current value, for args.json.
   Json dump(const T& object) const {
     Json out = Json::object();
-    for (const auto& f : fields_) out[f.key] = f.get(&object);
+    for (const auto& f : fields_) {
+      if (f.alias_of.empty()) out[f.key] = f.get(&object);
+    }
     return out;
   }
 

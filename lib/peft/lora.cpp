@@ -207,7 +207,7 @@ Json adapter_config_json(const LoraConfig& c) {
   std::sort(targets.begin(), targets.end());
   if (c.target_modules_regex || (targets.size() == 1 && targets[0] == "all-linear")) j["target_modules"] = targets.at(0);
   else j["target_modules"] = targets;
-  j["task_type"] = "CAUSAL_LM";
+  j["task_type"] = c.task_type;
   j["use_dora"] = c.use_dora;
   j["use_rslora"] = c.use_rslora;
   return j;
@@ -241,6 +241,7 @@ LoraConfig parse_adapter_config(const fs::path& config_path, std::string& target
   c.use_rslora = j.get_or<bool>("use_rslora", false);
   c.use_dora = j.get_or<bool>("use_dora", false);
   c.base_model_name_or_path = j.get_or<std::string>("base_model_name_or_path", "");
+  c.task_type = j.get_or<std::string>("task_type", "CAUSAL_LM");
   const std::string bias = j.get_or<std::string>("bias", "none");
   if (bias != "none") fail<ConfigError>("{}: bias '{}' is not supported (expected none)", origin, bias);
   if (j.get_or<bool>("fan_in_fan_out", false)) fail<ConfigError>("{}: fan_in_fan_out adapters are not supported", origin);

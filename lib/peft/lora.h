@@ -28,6 +28,7 @@ struct LoraConfig {
   bool use_dora = false;
   std::vector<std::string> modules_to_save;  // whole modules trained and saved with the adapter (lm_head, ...)
   std::string base_model_name_or_path;
+  std::string task_type = "CAUSAL_LM";  // PEFT's task_type: SEQ_CLS for a reward model (its `score` head saved)
 
   /// alpha / r, or alpha / sqrt(r) with rsLoRA.
   double scale() const;

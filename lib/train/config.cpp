@@ -17,6 +17,7 @@ ConfigSchema<TrainConfig> make_schema() {
   templates.insert(templates.begin(), "");
   s.string("model", &C::model, "Hugging Face checkpoint folder (config.json + safetensors + tokenizer)")
       .string("train_type", &C::train_type, "full fine-tuning or LoRA/DoRA adapters", {"lora", "full"})
+      .alias("tuner_type", "train_type")
       .string("adapters", &C::adapters, "PEFT adapter folder to continue training from (LoRA only)")
       .string("torch_dtype", &C::torch_dtype, "dtype the weights are loaded in", {"float32", "bfloat16", "float16"})
       .string("device", &C::device, "cpu, cuda or cuda:N")
@@ -88,6 +89,26 @@ ConfigSchema<TrainConfig> make_schema() {
       .number("num_train_epochs", &C::num_train_epochs, "passes over the training data (used when max_steps <= 0)", 0.0, 1e6)
       .integer("max_steps", &C::max_steps, "optimizer steps (overrides num_train_epochs when > 0)", -1, kMaxInt)
       .integer("seed", &C::seed, "seed of adapter init, data order and dropout", 0, kMaxInt)
+      .string("rlhf_type", &C::rlhf_type, "swiftcpp rlhf: the preference method (empty: supervised fine-tuning)",
+              {"", "dpo", "kto", "orpo", "cpo", "simpo", "rm"})
+      .optional_number("beta", &C::beta, "rlhf: strength of the implicit reward / KL (null: 0.1; 2.0 with simpo)", 0.0)
+      .string("loss_type", &C::loss_type, "rlhf: sigmoid|ipo|hinge|robust (dpo), sigmoid|hinge|ipo|simpo (cpo, "
+              "simpo), kto (kto); empty: the method's default")
+      .number("label_smoothing", &C::label_smoothing, "rlhf dpo/cpo/simpo: conservative DPO's label noise", 0.0, 0.5)
+      .optional_number("rpo_alpha", &C::rpo_alpha, "rlhf dpo: weight of RPO (adds the chosen answers' NLL; null: off)", 0.0)
+      .boolean("reference_free", &C::reference_free, "rlhf dpo: ignore the reference model (a uniform one)")
+      .number("desirable_weight", &C::desirable_weight, "rlhf kto: weight of desirable examples' losses", 0.0)
+      .number("undesirable_weight", &C::undesirable_weight, "rlhf kto: weight of undesirable examples' losses", 0.0)
+      .number("simpo_gamma", &C::simpo_gamma, "rlhf simpo (cpo with loss_type simpo): target reward margin", 0.0)
+      .number("cpo_alpha", &C::cpo_alpha, "rlhf cpo/simpo: weight of the chosen answers' NLL", 0.0)
+      .optional_number("center_rewards_coefficient", &C::center_rewards_coefficient,
+                       "rlhf rm: adds coefficient x mean((r_chosen + r_rejected)^2) (null: off)", 0.0)
+      .string("ref_model", &C::ref_model, "rlhf dpo/kto with train_type full: the reference checkpoint (empty: the "
+              "starting model; LoRA uses its own base with the adapters switched off)")
+      .boolean("precompute_ref_log_probs", &C::precompute_ref_log_probs, "rlhf dpo/kto: reference log-probabilities "
+               "computed once before training (no reference forward per step, no reference copy kept)")
+      .integer("max_prompt_length", &C::max_prompt_length, "rlhf with truncation_strategy left/right: prompt tokens "
+               "kept (0: max_length / 2)", 0, kMaxInt)
       .string("output_dir", &C::output_dir, "runs are written to output_dir/vN-YYYYMMDD-HHMMSS/")
       .integer("logging_steps", &C::logging_steps, "log every N steps", 1, kMaxInt)
       .integer("save_steps", &C::save_steps, "save a checkpoint every N steps", 1, kMaxInt)
@@ -104,8 +125,16 @@ const ConfigSchema<TrainConfig>& train_config_schema() {
   return schema;
 }
 
-TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides) {
-  TrainConfig config;
+TrainConfig rlhf_defaults() {
+  TrainConfig c;
+  c.rlhf_type = "dpo";
+  c.loss_scale = "last_round";
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides,
+                              const TrainConfig& defaults) {
+  TrainConfig config = defaults;
   if (!recipe.empty()) train_config_schema().apply_file(config, recipe);
   for (const auto& o : overrides) train_config_schema().apply_override(config, o);
   validate_train_config(config);
@@ -119,6 +148,20 @@ void validate_train_config(const TrainConfig& c) {
     if (!c.adapters.empty()) fail<ConfigError>("'adapters' needs train_type lora (got full)");
     if (c.use_dora) fail<ConfigError>("'use_dora' needs train_type lora (got full)");
     if (!c.modules_to_save.empty()) fail<ConfigError>("'modules_to_save' needs train_type lora (full trains everything)");
+  }
+  if (c.rlhf_type.empty()) {  // supervised fine-tuning: a preference key set means the wrong command or a typo
+    const TrainConfig d;
+    const std::vector<std::pair<const char*, bool>> set = {
+        {"beta", c.beta.has_value()}, {"loss_type", !c.loss_type.empty()},
+        {"label_smoothing", c.label_smoothing != d.label_smoothing}, {"rpo_alpha", c.rpo_alpha.has_value()},
+        {"reference_free", c.reference_free}, {"desirable_weight", c.desirable_weight != d.desirable_weight},
+        {"undesirable_weight", c.undesirable_weight != d.undesirable_weight},
+        {"simpo_gamma", c.simpo_gamma != d.simpo_gamma}, {"cpo_alpha", c.cpo_alpha != d.cpo_alpha},
+        {"center_rewards_coefficient", c.center_rewards_coefficient.has_value()}, {"ref_model", !c.ref_model.empty()},
+        {"precompute_ref_log_probs", c.precompute_ref_log_probs}, {"max_prompt_length", c.max_prompt_length != 0}};
+    for (const auto& [key, given] : set) {
+      if (given) fail<ConfigError>("'{}' is a preference-training key: set rlhf_type and run 'swiftcpp rlhf'", key);
+    }
   }
   if (c.quant_bits != 0 && c.quant_bits != 4 && c.quant_bits != 8) {
     fail<ConfigError>("'quant_bits' must be 0 (float base), 4 or 8 (got {})", c.quant_bits);

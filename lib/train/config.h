@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,22 @@ struct TrainConfig {
   int64_t max_steps = -1;
   int64_t seed = 42;
 
+  // Preference training (`swiftcpp rlhf`; ms-swift's RLHFArguments). Empty rlhf_type: supervised fine-tuning.
+  std::string rlhf_type;                     // dpo | kto | orpo | cpo | simpo | rm
+  std::optional<double> beta;                // unset: 0.1, or 2.0 with simpo
+  std::string loss_type;                     // empty: the method's default
+  double label_smoothing = 0;
+  std::optional<double> rpo_alpha;
+  bool reference_free = false;
+  double desirable_weight = 1;
+  double undesirable_weight = 1;
+  double simpo_gamma = 1;
+  double cpo_alpha = 1;
+  std::optional<double> center_rewards_coefficient;
+  std::string ref_model;                     // full fine-tuning: the reference checkpoint (empty: model itself)
+  bool precompute_ref_log_probs = false;     // reference log-probabilities computed once before training
+  int64_t max_prompt_length = 0;             // truncation left/right: prompt tokens kept (0: max_length / 2)
+
   // Outputs
   std::string output_dir = "output";
   int64_t logging_steps = 5;
@@ -93,7 +110,13 @@ const ConfigSchema<TrainConfig>& train_config_schema();
 
 /// Loads a recipe (when `recipe` is not empty) and applies the overrides in order, then checks the combination
 /// (validate_train_config). Throws ConfigError naming the file:line or the argument.
-TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides);
+/// `defaults` are the values before the recipe (`swiftcpp rlhf` starts from rlhf_defaults()).
+TrainConfig load_train_config(const std::string& recipe, const std::vector<std::string>& overrides,
+                              const TrainConfig& defaults = TrainConfig{});
+
+/// The defaults of `swiftcpp rlhf`: TrainConfig's, with ms-swift's RLHF defaults where they differ (rlhf_type
+/// dpo, loss_scale last_round).
+TrainConfig rlhf_defaults();
 
 /// Checks what single-field ranges cannot: combinations and required keys. Throws ConfigError.
 void validate_train_config(const TrainConfig& config);

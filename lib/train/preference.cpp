@@ -355,7 +355,8 @@ PreferenceNeeds preference_needs(const PreferenceOptions& o) {
 at::Tensor SequenceLogps::average() const { return sum / count; }
 
 SequenceLogps SequenceLogps::rows(int64_t start, int64_t length) const {
-  return {sum.narrow(0, start, length), count.narrow(0, start, length), token_logps.narrow(0, start, length)};
+  const auto part = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, length) : at::Tensor(); };
+  return {part(sum), part(count), part(token_logps)};
 }
 
 SequenceLogps sequence_logps(const at::Tensor& logits, const at::Tensor& labels) {

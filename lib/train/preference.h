@@ -85,7 +85,8 @@ struct SequenceLogps {
 
   /// sum / count [B] (TRL's average_log_prob; NaN for a row without labels).
   at::Tensor average() const;
-  /// Rows [start, start + length) of every field.
+  /// Rows [start, start + length) of every field (an undefined field stays undefined: precomputed reference
+  /// log-probabilities have no per-token values).
   SequenceLogps rows(int64_t start, int64_t length) const;
 };
 

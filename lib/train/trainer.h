@@ -1,10 +1,13 @@
-// Supervised fine-tuning: the optimizer step over micro-batches (Trainer) and the whole job around it
-// (run_training: run folder, data, logging, evaluation, checkpoints, exact resume).
+// The optimizer step (Trainer): the model being tuned, its trainable tensors, AdamW and the gradient reduction of
+// several processes, with the parts an objective's step is made of (begin_step, backward, finish_step) and the
+// token cross-entropy objective of supervised fine-tuning built from them. The job around it (run folder, data,
+// logging, checkpoints, resume) is train/run.h; the preference objectives are train/rlhf.h.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -35,6 +38,10 @@ struct StepResult {
   double compute_s = 0;  // this rank's forward and backward time, before the gradient reduction
   std::vector<double> rank_compute_s;  // [world] every rank's compute_s (several processes only)
   bool skipped = false;  // the loss or gradient norm was NaN/Inf and skip_nonfinite_loss dropped the step
+  /// The objective's logged values of this step (token_acc; rewards/chosen, ...), averaged over a logging window.
+  std::map<std::string, double> metrics;
+  /// Values summed over a logging window instead (the scheduler's modelled_step_s and sharded_samples).
+  std::map<std::string, double> window_sums;
 };
 
 /// This rank's shard of a sequence sharded over a context-parallel group: its tokens (position_ids from the
@@ -78,6 +85,29 @@ class Trainer {
   /// cleared. For measuring the device (train/schedule.h).
   double time_forward_backward(const Batch& batch);
 
+  // The parts of an optimizer step, for objectives: begin_step, the objective's forwards with backward() of each
+  // loss, then finish_step. Every rank calls all three for every step.
+
+  /// Starts a step: the model in training mode, every trainable tensor's gradient cleared (with ZeRO-1 also those
+  /// another rank updates), the compute clock started. `backwards`: how many backward() calls this rank makes in
+  /// the step (the last one starts the overlapped gradient reduction of several processes; 0: reduced at the end).
+  void begin_step(size_t backwards);
+  /// Back-propagates `loss`, already scaled to its share of the step's objective.
+  void backward(const at::Tensor& loss);
+  /// Ends a step: waits for `sums` (this rank's device scalars, undefined counting 0), records the compute time,
+  /// reduces the gradients, sums `sums` and r.real_tokens over every rank in one collective and passes the global
+  /// sums to `finalize`, which sets r.loss (and r.metrics). Then clipping and AdamW with the scheduled rate of step
+  /// `global_step` out of `total_steps`. When r.loss or the gradient norm is NaN or infinite the weights and the
+  /// optimizer are left as they were: with config.skip_nonfinite_loss the gradients are dropped and r.skipped set,
+  /// otherwise Error is thrown naming the step (global_step + 1, as the logs count).
+  void finish_step(StepResult& r, const std::vector<at::Tensor>& sums,
+                   const std::function<void(const std::vector<double>&)>& finalize, int64_t global_step,
+                   int64_t total_steps);
+  /// Data parallel: `local` summed over every rank (a collective; `local` itself in a single process).
+  int64_t global_count(int64_t local) const;
+  /// Whether forwards run under bf16 autocast (config.bf16); see train/autocast.h.
+  bool autocast() const { return config_.bf16; }
+
   CausalLM& model() { return model_; }
   /// Every trainable tensor (with ZeRO-1 also those another rank updates).
   const std::vector<TrainableTensor>& trainables() const { return params_; }
@@ -104,12 +134,7 @@ class Trainer {
   /// `image_features`, when given, are the batch's images already encoded ([N, F, D]).
   at::Tensor forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk = nullptr,
                           bool need_loss = true, const at::Tensor& image_features = {});
-  /// Clipping and the AdamW update after the gradients of a step are in.
-  void finish_step(StepResult& r, const at::Tensor& loss_sum, const at::Tensor& correct, int64_t global_step,
-                   int64_t total_steps);
-
-  /// Data parallel: the global label-token count; gradients summed across ranks (the reducer's finish()).
-  int64_t global_count(int64_t local) const;
+  /// Data parallel: gradients summed across ranks (the reducer's finish()).
   void reduce_gradients();
   /// ZeRO-1: every rank's updated tensors broadcast from their owners.
   void broadcast_updated();
@@ -122,44 +147,12 @@ class Trainer {
   std::shared_ptr<dist::Communicator> comm_;
   std::unique_ptr<dist::GradientReducer> reducer_;  // several processes: the overlapped gradient all-reduce
   std::chrono::steady_clock::time_point step_start_;  // when the current step's first forward began
+  size_t backwards_ = 0, backwards_done_ = 0;          // the current step's backward() calls: planned, made
   std::vector<int> owner_;  // ZeRO-1: the rank updating each of params_ (empty otherwise)
 };
 
 /// The adapter configuration a recipe asks for: config.adapters' adapter_config.json when set, else the lora_*
 /// keys. Throws like read_adapter_config.
 LoraConfig requested_lora(const TrainConfig& config);
-
-/// Where a finished (or stopped) run left its results.
-struct TrainResult {
-  fs::path run_dir;
-  fs::path last_checkpoint;
-  int64_t global_step = 0;
-  int64_t total_steps = 0;
-  bool interrupted = false;
-  std::vector<double> losses;                              // training loss per step (this process's steps)
-  std::vector<std::pair<int64_t, double>> eval_losses;     // (step, validation loss)
-};
-
-/// How run_training talks to its caller: progress and messages go to `out` (a live bar when `tty`), and the
-/// run stops cleanly (finishing the step, saving a checkpoint) once `stop` becomes true.
-struct TrainHooks {
-  std::ostream* out = nullptr;
-  bool tty = false;
-  int columns = 0;  // terminal width for the bar (0: unknown)
-  const std::atomic<bool>* stop = nullptr;
-  std::vector<std::string> command_line;  // recorded in args.json
-};
-
-/// The whole job: resolves `resume_from_checkpoint`, creates output_dir/vN-YYYYMMDD-HHMMSS (or continues the
-/// checkpoint's run folder), writes args.json, loads model, tokenizer and data, trains with logging.jsonl,
-/// validation and checkpoints (written under a temporary name and renamed), and at the end saves the last
-/// checkpoint and images/train_loss.svg. Resuming restores weights, optimizer, RNG and data position, so the
-/// loss sequence equals an uninterrupted run's. Throws the errors of its parts; refuses a checkpoint made for
-/// another model or an incompatible recipe with ConfigError.
-TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks = {});
-
-/// The newest checkpoint under `output_dir` (highest step in the newest run folder that has one). Throws
-/// IoError when there is none.
-fs::path find_latest_checkpoint(const fs::path& output_dir);
 
 }  // namespace swiftcpp

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "train/trainer.h"
+#include "train/run.h"
 
 namespace swiftcpp {
 

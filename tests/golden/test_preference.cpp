@@ -1,7 +1,7 @@
 // Preference objectives against TRL v0.9.6's own numbers (../shared/assets/reference/rlhf/dpo_family.json; its
 // README gives the batch layout and every formula): the adapter off switch that gives the reference model, the
 // per-sequence log-probabilities, each DPO-family loss with its rewards, metrics and LoRA gradient norms, KTO with
-// its mismatched KL batch, and one DPO AdamW step. The policy is stories260K + lora_init, the reference the same
+// its mismatched KL batch, and one DPO step of the trainer (pair_objective inside Trainer's step parts). The policy is stories260K + lora_init, the reference the same
 // model with its adapters switched off. Also the options' checks and the reward model's loss by hand.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "data/collate.h"
+#include "data/preference_data.h"
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
@@ -23,6 +24,8 @@
 #include "tests/test_util.h"
 #include "train/optim.h"
 #include "train/preference.h"
+#include "train/rlhf.h"
+#include "train/trainer.h"
 
 namespace swiftcpp {
 namespace {
@@ -611,6 +614,61 @@ TEST(PreferenceParity, EveryPairwiseMethodMatchesTrl) {
   EXPECT_EQ(methods, 10);
 }
 
+// The pairs of the reference batch as our data layer holds them: prompt + answer, labels on the answer.
+std::vector<PreferenceSample> reference_pairs() {
+  std::vector<PreferenceSample> out;
+  for (const auto& pair : reference()["batch"]["pairs"]) {
+    const auto to32 = [](const std::vector<int64_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); };
+    const std::vector<int32_t> prompt = to32(ids_of(pair["prompt_ids"]));
+    PreferenceSample s;
+    for (const auto& [side, sample] : {std::pair<const char*, Sample*>{"chosen_ids", &s.chosen}, {"rejected_ids", &s.rejected}}) {
+      AnswerTokens answer;
+      answer.ids = to32(ids_of(pair[side]));
+      answer.trained.assign(answer.ids.size(), 1);
+      *sample = join_prompt_answer(prompt, answer);
+    }
+    s.prompt_length = static_cast<int64_t>(prompt.size());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The same methods through pair_objective, the code `swiftcpp rlhf` runs: the collated batch, one concatenated
+// forward with the head only where an answer token (or ORPO's prompt token) is predicted, the reference from the
+// policy with its adapters off.
+TEST(PreferenceParity, PairObjectiveOfEveryMethodMatchesTrl) {
+  SWIFTCPP_REQUIRE_RLHF();
+  Policy policy = load_policy();
+  const std::vector<TrainableTensor> tensors = adapter_tensors(policy.model, policy.lora);
+  const std::vector<PreferenceSample> pairs = reference_pairs();
+  std::vector<const PreferenceSample*> group;
+  for (const auto& p : pairs) group.push_back(&p);
+  const PreferenceBatch batch = collate_preference(group, /*pad_id=*/0);
+  int methods = 0;
+  for (const auto& [key, method] : reference()["methods"].items()) {
+    if (key == "kto") continue;
+    ++methods;
+    const PreferenceOptions options = options_from(method);
+    const PreferenceResult r = pair_objective(options, policy.model, batch, {}, CausalLM(nullptr), false);
+    std::map<std::string, Worst> worst;
+    expect_close(r.losses, method.contains("or_terms") ? method["or_terms"] : method["losses"], kLossTol,
+                 key + " losses", worst["losses"]);
+    expect_close(r.loss.item<double>(), method["loss"].get<double>(), kLossTol, key + " loss", worst["losses"]);
+    expect_close(r.chosen_rewards, method["chosen_rewards"], kRewardTol, key + " chosen_rewards", worst["rewards"]);
+    expect_close(r.rejected_rewards, method["rejected_rewards"], kRewardTol, key + " rejected_rewards",
+                 worst["rewards"]);
+    for (const auto& [name, value] : method["metrics"].items()) {
+      if (name.rfind("logits/", 0) == 0) continue;  // ours average the answers' positions, TRL's the padded batch
+      ASSERT_TRUE(r.metrics.count(name)) << key << " " << name;
+      expect_close(r.metrics.at(name), value.get<double>(), metric_tol(name), key + " " + name, worst["metrics"]);
+    }
+    expect_grad_norms(gradients(r.loss, tensors), tensors, method["grad_norms"]["total"],
+                      method["grad_norms"]["per_tensor"], key, worst["grad norms"]);
+    print_parity(key + " (pair_objective)", worst);
+  }
+  EXPECT_EQ(methods, 10);
+}
+
 TEST(PreferenceParity, KtoWithItsMismatchedKlBatchMatchesTrl) {
   SWIFTCPP_REQUIRE_RLHF();
   const Json& method = reference()["methods"]["kto"];
@@ -693,68 +751,71 @@ TEST(PreferenceParity, KtoWithItsMismatchedKlBatchMatchesTrl) {
 
 using test::adapter_rel_error;
 
-TEST(PreferenceTrainStep, OneDpoAdamWStepMatchesTrl) {
+// One optimizer step as `swiftcpp rlhf` runs it: the Trainer's step parts around pair_objective (one concatenated
+// forward of the collated pairs, the reference from the same model with its adapters off), AdamW without
+// clipping at a constant rate, as the reference step was taken.
+TEST(PreferenceTrainStep, OneDpoStepOfTheTrainerMatchesTrl) {
   SWIFTCPP_REQUIRE_RLHF();
   SWIFTCPP_REQUIRE_SHARED(rlhf_dir() / "dpo_after1" / "adapter_model.safetensors");
   const Json& train = reference()["train"];
   const Json& opt = train["optimizer"];
-  Policy policy = load_policy();
-  const std::vector<TrainableTensor> tensors = adapter_tensors(policy.model, policy.lora);
-  AdamWOptions adam;
-  adam.lr = opt["lr"].get<double>();
-  adam.beta1 = opt["betas"][0].get<double>();
-  adam.beta2 = opt["betas"][1].get<double>();
-  adam.eps = opt["eps"].get<double>();
-  adam.weight_decay = opt["weight_decay"].get<double>();
-  AdamW optimizer(tensors, adam);
-  PreferenceOptions options;
-  options.loss_type = parse_preference_loss_type(train["settings"]["loss_type"].get<std::string>());
-  options.beta = train["settings"]["beta"].get<double>();
-  options.label_smoothing = train["settings"]["label_smoothing"].get<double>();
-  options.validate();
-
+  ASSERT_TRUE(opt["max_grad_norm"].is_null());
+  TrainConfig config;
+  config.model = stories_dir().string();
+  config.train_type = "lora";
+  config.adapters = lora_init_dir().string();
+  config.rlhf_type = "dpo";
+  config.loss_scale = "last_round";
+  config.loss_type = train["settings"]["loss_type"].get<std::string>();
+  config.beta = train["settings"]["beta"].get<double>();
+  config.label_smoothing = train["settings"]["label_smoothing"].get<double>();
+  config.learning_rate = opt["lr"].get<double>();
+  config.adam_beta1 = opt["betas"][0].get<double>();
+  config.adam_beta2 = opt["betas"][1].get<double>();
+  config.adam_epsilon = opt["eps"].get<double>();
+  config.weight_decay = opt["weight_decay"].get<double>();
+  config.max_grad_norm = 0;  // TRL's max_grad_norm None
+  config.lr_scheduler_type = "constant";
+  config.per_device_train_batch_size = 3;
+  const PreferenceOptions options = preference_options(config);
+  Trainer trainer(config, load_causal_lm(stories_dir()));
+  const std::vector<PreferenceSample> pairs = reference_pairs();
+  std::vector<const PreferenceSample*> group;
+  for (const auto& p : pairs) group.push_back(&p);
+  const PreferenceBatch batch = collate_preference(group, /*pad_id=*/0);
+  // Our collation is TRL's concatenated batch (right padding to the longest of the 6 rows).
   const PaddedRows rows = concatenated_batch();
-  const SequenceLogps ref = reference_logps(policy.model, rows);
-  const auto dpo_step = [&](const at::Tensor& logits) {
-    const SequenceLogps pol = sequence_logps(logits, rows.shifted_labels());
-    PreferenceInputs in;
-    in.policy_chosen_logps = pol.sum.narrow(0, 0, 3);
-    in.policy_rejected_logps = pol.sum.narrow(0, 3, 3);
-    in.reference_chosen_logps = ref.sum.narrow(0, 0, 3);
-    in.reference_rejected_logps = ref.sum.narrow(0, 3, 3);
-    const at::Tensor padded = hf_padded_logits(policy.model, rows);
-    in.chosen_logits_mean = logits_mean(padded.narrow(0, 0, 3));
-    in.rejected_logits_mean = logits_mean(padded.narrow(0, 3, 3));
-    return std::make_pair(in, preference_loss(options, in));
-  };
+  ASSERT_TRUE(at::equal(batch.batch.input_ids.to(at::kLong), rows.input_ids));
+  ASSERT_TRUE(at::equal(batch.batch.labels.to(at::kLong), rows.shifted_labels()));
 
   std::map<std::string, Worst> worst;
   const Json& before = train["steps"][0];
-  optimizer.zero_grad();
-  const auto [in, r] = dpo_step(forward(policy.model, rows));
-  r.loss.backward();
-  expect_close(r.loss.item<double>(), before["loss"].get<double>(), kLossTol, "loss before", worst["before"]);
+  StepResult r;
+  trainer.begin_step(1);
+  const PreferenceResult res = pair_objective(options, trainer.model(), batch, {}, CausalLM(nullptr), false);
+  trainer.backward(res.loss);
+  trainer.finish_step(r, {res.loss}, [&](const std::vector<double>& sums) { r.loss = sums[0]; }, 0, 1);
+  ASSERT_FALSE(r.skipped);
+  expect_close(r.loss, before["loss"].get<double>(), kLossTol, "loss before", worst["before"]);
   for (const auto& [key, value] : before["metrics"].items()) {
-    expect_close(r.metrics.at(key), value.get<double>(), metric_tol(key), "before " + key, worst["before"]);
+    if (key.rfind("logits/", 0) == 0) continue;  // ours average the answers' positions, TRL's the padded batch
+    expect_close(res.metrics.at(key), value.get<double>(), metric_tol(key), "before " + key, worst["before"]);
   }
-  double sum_sq = 0;
-  for (const auto& t : tensors) sum_sq += t.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
-  expect_close(std::sqrt(sum_sq), before["grad_norm_total"].get<double>(), kGradTol, "|grad| total",
-               worst["grad norms"]);
+  expect_close(r.grad_norm, before["grad_norm_total"].get<double>(), kGradTol, "|grad| total", worst["grad norms"]);
+  const std::vector<TrainableTensor>& tensors = trainer.trainables();
   for (const auto& item : before["grad_norms_selected"].items()) {
     const std::string name = item.key();
-    const Json& value = item.value();
     const auto it = std::find_if(tensors.begin(), tensors.end(), [&](const auto& t) { return t.name == name; });
     ASSERT_NE(it, tensors.end()) << name;
-    expect_close(it->tensor.grad().norm().item<double>(), value.get<double>(), kGradTol, "|grad " + name + "|",
+    expect_close(it->tensor.grad().norm().item<double>(), item.value().get<double>(), kGradTol, "|grad " + name + "|",
                  worst["grad norms"]);
   }
-  optimizer.step(adam.lr);
 
   const double adapter_error = adapter_rel_error(tensors, rlhf_dir() / "dpo_after1");
   EXPECT_LE(adapter_error, kAdapterRelTol);
   at::NoGradGuard no_grad;
-  const auto [in_after, after] = dpo_step(forward(policy.model, rows));
+  trainer.model()->eval();
+  const PreferenceResult after = pair_objective(options, trainer.model(), batch, {}, CausalLM(nullptr), false);
   expect_close(after.loss.item<double>(), train["loss_after"].get<double>(), kAfterStepTol, "loss_after",
                worst["after"]);
   expect_close(after.losses, train["losses_after"], kAfterStepTol, "losses_after", worst["after"]);
@@ -762,14 +823,11 @@ TEST(PreferenceTrainStep, OneDpoAdamWStepMatchesTrl) {
                worst["after"]);
   expect_close(after.rejected_rewards, train["rejected_rewards_after"], kAfterStepTol, "rejected_rewards_after",
                worst["after"]);
-  expect_close(in_after.policy_chosen_logps, train["policy_chosen_logps_after"], kAfterStepTol,
-               "policy_chosen_logps_after", worst["after"]);
-  expect_close(in_after.policy_rejected_logps, train["policy_rejected_logps_after"], kAfterStepTol,
-               "policy_rejected_logps_after", worst["after"]);
   for (const auto& [key, value] : train["metrics_after"].items()) {
+    if (key.rfind("logits/", 0) == 0) continue;
     expect_close(after.metrics.at(key), value.get<double>(), kAfterStepTol, "after " + key, worst["after"]);
   }
-  std::cout << "[parity] dpo step: adapters worst norm-wise relative error " << adapter_error << std::endl;
+  std::cout << "[parity] dpo step (trainer): adapters worst norm-wise relative error " << adapter_error << std::endl;
   print_parity("dpo step", worst);
 }
 
