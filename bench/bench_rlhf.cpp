@@ -8,7 +8,8 @@
 //   dpo-precomputed  pair_objective with the reference log-probabilities computed once before the timed steps
 //                    (precompute_ref_log_probs)
 // Prints one JSON line: median / min / max step seconds over the timed steps, tokens/s, the peak RSS of the steps
-// and the peak tensor memory of one step.
+// and the peak tensor memory of one step; for dpo also the median seconds of the step's reference forward (timed on
+// its own inside the step, then handed to pair_objective: the same work pair_objective would do).
 //
 //   build/bin/swiftcpp_bench_rlhf --model bench/models/bench25m --objective dpo --pairs 2 --prompt 256 --answer 256
 #include <CLI/CLI.hpp>
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
     PreferenceOptions dpo;
     dpo.rlhf_type = RlhfType::kDpo;
 
-    std::vector<double> seconds;
+    std::vector<double> seconds, reference_seconds;
     int64_t peak_tensor = 0;
     double rss_before = 0;
     for (int64_t step = 0; step < total; ++step) {
@@ -159,8 +160,18 @@ int main(int argc, char** argv) {
       } else {
         StepResult r;
         trainer.begin_step(1);
+        SequenceLogps reference = precomputed[static_cast<size_t>(step)];
+        if (o.objective == "dpo") {
+          // The reference forward pair_objective would run, timed on its own (the same work, in the same step).
+          const auto r0 = std::chrono::steady_clock::now();
+          reference = reference_logps(trainer.model(), CausalLM(nullptr), batches[static_cast<size_t>(step)].batch,
+                                      false);
+          if (step >= o.warmup) {
+            reference_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count());
+          }
+        }
         const PreferenceResult res = pair_objective(dpo, trainer.model(), batches[static_cast<size_t>(step)],
-                                                    precomputed[static_cast<size_t>(step)], CausalLM(nullptr), false);
+                                                    reference, CausalLM(nullptr), false);
         trainer.backward(res.loss);
         trainer.finish_step(r, {res.loss}, [&](const std::vector<double>& s) { r.loss = s[0]; }, step, total);
       }
@@ -175,12 +186,16 @@ int main(int argc, char** argv) {
     const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
                                             : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
     const double tokens = static_cast<double>(2 * o.pairs * (o.prompt + o.answer));
-    const Json out = {{"objective", o.objective}, {"model", o.model}, {"pairs", o.pairs}, {"prompt", o.prompt},
+    Json out = {{"objective", o.objective}, {"model", o.model}, {"pairs", o.pairs}, {"prompt", o.prompt},
                       {"answer", o.answer}, {"threads", o.threads}, {"steps", o.steps},
                       {"step_s_median", median}, {"step_s_min", sorted.front()}, {"step_s_max", sorted.back()},
                       {"tokens_per_s", tokens / median}, {"peak_rss_mib", peak_rss_mib()},
                       {"rss_before_timed_mib", rss_before},
                       {"peak_tensor_mib", static_cast<double>(peak_tensor) / 1048576.0}};
+    if (!reference_seconds.empty()) {
+      std::sort(reference_seconds.begin(), reference_seconds.end());
+      out["reference_s_median"] = reference_seconds[reference_seconds.size() / 2];
+    }
     std::cout << out.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {

@@ -76,11 +76,13 @@ r0 = rows[0]
 print(f"bench25m LoRA r16, {r0['pairs']} pairs x ({r0['prompt']} prompt + {r0['answer']} answer) tokens = "
       f"{2 * r0['pairs']} rows; {r0['threads']} threads; median of {len(by['sft'])} runs x {r0['steps']} steps")
 print()
-print("| objective | step s (median, min-max of runs) | x SFT | peak RSS MiB | x SFT | peak tensor MiB | x SFT |")
-print("|---|---|---|---|---|---|---|")
+print("| objective | step s (median, min-max of runs) | x SFT | of which reference forward s | peak RSS MiB | x SFT | peak tensor MiB | x SFT |")
+print("|---|---|---|---|---|---|---|---|")
 for obj in ["sft", "dpo", "dpo-precomputed"]:
     s = [r["step_s_median"] for r in by[obj]]
-    print(f"| {obj} | {statistics.median(s):.3f} ({min(s):.3f}-{max(s):.3f}) | {med(obj, 'step_s_median') / base_s:.3f} | "
+    ref = [r["reference_s_median"] for r in by[obj] if "reference_s_median" in r]
+    ref_text = f"{statistics.median(ref):.3f}" if ref else "-"
+    print(f"| {obj} | {statistics.median(s):.3f} ({min(s):.3f}-{max(s):.3f}) | {med(obj, 'step_s_median') / base_s:.3f} | {ref_text} | "
           f"{med(obj, 'peak_rss_mib'):.0f} | {med(obj, 'peak_rss_mib') / base_rss:.3f} | "
           f"{med(obj, 'peak_tensor_mib'):.0f} | {med(obj, 'peak_tensor_mib') / base_t:.3f} |")
 PY

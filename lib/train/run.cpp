@@ -296,6 +296,23 @@ DataOptions data_options(const TrainConfig& config) {
   return data;
 }
 
+void load_job(JobContext& job) {
+  const TrainConfig& config = job.config;
+  LoadOptions load;
+  load.device = job.device;
+  load.dtype = parse_dtype(config.torch_dtype);
+  job.model = load_causal_lm(config.model, load);
+  if (config.quant_bits != 0) {  // QLoRA: the frozen base's linear layers packed, their float weights freed
+    QuantSpec spec;
+    spec.bits = config.quant_bits;
+    spec.group_size = config.quant_group_size;
+    spec.sym = false;
+    attach_packed_weights(job.model, quantize_model_rtn(job.model, spec));
+  }
+  job.tokenizer = load_tokenizer(config.model);
+  if (job.config.chat_template.empty()) job.config.chat_template = detect_chat_template(config.model);
+}
+
 TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const TaskFactory& make_task,
                     const std::string& kind) {
   JobContext job;
@@ -357,21 +374,12 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
 
   // Model, tokenizer, then the task and its data.
   install_memory_tracking();
-  LoadOptions load;
-  load.device = device;
-  load.dtype = parse_dtype(config.torch_dtype);
-  job.model = load_causal_lm(config.model, load);
-  if (config.quant_bits != 0) {  // QLoRA: the frozen base's linear layers packed, their float weights freed
-    QuantSpec spec;
-    spec.bits = config.quant_bits;
-    spec.group_size = config.quant_group_size;
-    spec.sym = false;
-    attach_packed_weights(job.model, quantize_model_rtn(job.model, spec));
-  }
-  job.tokenizer = load_tokenizer(config.model);
-  if (config.chat_template.empty()) config.chat_template = detect_chat_template(config.model);
+  load_job(job);
   std::unique_ptr<TrainingTask> task = make_task(job);
   if (!resume_dir.empty() && config.train_type == "full") {  // after the task: it may have added modules (a head)
+    LoadOptions load;
+    load.device = device;
+    load.dtype = parse_dtype(config.torch_dtype);
     load_weights(job.model, Checkpoint::open(resume_dir), resume_dir.string(), load);
   }
   const size_t items = task->size();

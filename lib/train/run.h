@@ -95,6 +95,15 @@ class TrainingTask {
 
 using TaskFactory = std::function<std::unique_ptr<TrainingTask>(JobContext& job)>;
 
+/// Loads what a task needs into `job` from job.config on job.device: the model (its decoder's linear layers packed
+/// for QLoRA when quant_bits is set) and the tokenizer, and detects the chat template when the recipe left it empty.
+/// Throws the loaders' errors.
+void load_job(JobContext& job);
+
+/// The supervised fine-tuning task (token cross-entropy) over job.config's data, prepared now. Throws ConfigError
+/// when no training sample remains, and the data errors of prepare_data.
+std::unique_ptr<TrainingTask> make_sft_task(JobContext& job);
+
 /// The whole job: resolves `resume_from_checkpoint`, creates output_dir/vN-YYYYMMDD-HHMMSS (or continues the
 /// checkpoint's run folder), loads model and tokenizer, makes the task (which prepares its data), writes args.json,
 /// trains with logging.jsonl, validation and checkpoints, and at the end saves the last checkpoint and

@@ -236,12 +236,14 @@ class SftTask : public TrainingTask {
 
 }  // namespace
 
+std::unique_ptr<TrainingTask> make_sft_task(JobContext& job) { return std::make_unique<SftTask>(job); }
+
 TrainResult run_training(const TrainConfig& config, const TrainHooks& hooks) {
   if (!config.rlhf_type.empty()) {
     fail<ConfigError>("rlhf_type {}: preference training runs with 'swiftcpp rlhf' (train is supervised fine-tuning)",
                       config.rlhf_type);
   }
-  return run_job(config, hooks, [](JobContext& job) { return std::make_unique<SftTask>(job); }, "sft");
+  return run_job(config, hooks, make_sft_task, "sft");
 }
 
 }  // namespace swiftcpp

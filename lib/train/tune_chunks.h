@@ -27,9 +27,11 @@ struct ChunkTuneResult {
 /// The candidates for a budget: C = budget, budget/2, budget/4, ... down to min_chunk_size, K = budget / C.
 std::vector<std::pair<int64_t, int64_t>> chunk_candidates(int64_t budget, int64_t min_chunk_size);
 
-/// Trains `options.steps` steps of `config` with batching chunkflow for every candidate (in a temporary folder
-/// under output_dir that is removed afterwards, without validation), reporting progress to `out`. Results in
-/// candidate order. Throws the errors of run_training.
+/// Trains `options.steps` steps of `config` with batching chunkflow for every candidate, through the trainer's
+/// parts (load_job, the SFT task, Trainer) without a run folder, log or checkpoint: a fresh model and trainer per
+/// candidate, the data tokenised once (a cache in a temporary folder under output_dir, removed afterwards, unless
+/// the recipe sets data_cache_dir), no validation. Reports progress to `out`. Results in candidate order. Throws the
+/// errors of load_job, make_sft_task and Trainer.
 std::vector<ChunkTuneResult> tune_chunks(const TrainConfig& config, const ChunkTuneOptions& options, std::ostream& out);
 
 /// The fastest result that fits; nullptr when none does.

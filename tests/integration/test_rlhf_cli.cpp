@@ -141,8 +141,12 @@ TEST(RlhfCli, EveryMethodTrainsAndTheRewardModelSavesItsHead) {
       } else {
         EXPECT_TRUE(j.contains("rewards/margins") && j.contains("rewards/accuracies")) << j.dump();
       }
-      if (method == "orpo") EXPECT_TRUE(j.contains("log_odds_ratio")) << j.dump();
-      if (method == "orpo" || method == "cpo" || method == "simpo") EXPECT_TRUE(j.contains("nll_loss")) << j.dump();
+      if (method == "orpo") {
+        EXPECT_TRUE(j.contains("log_odds_ratio")) << j.dump();
+      }
+      if (method == "orpo" || method == "cpo" || method == "simpo") {
+        EXPECT_TRUE(j.contains("nll_loss")) << j.dump();
+      }
     }
     EXPECT_TRUE(trained);
     if (method == "rm") {
@@ -158,6 +162,15 @@ TEST(RlhfCli, EveryMethodTrainsAndTheRewardModelSavesItsHead) {
         }
       }
       EXPECT_TRUE(head);
+    }
+  }
+  // QLoRA (an int8 base) with DoRA adapters: the reference is the packed base with the adapters switched off.
+  const auto q = run_cli(rlhf_args(base / "qdora", "use_dora=true quant_bits=8 quant_group_size=-1 max_steps=2 "
+                                                   "save_steps=2 eval_steps=2"));
+  ASSERT_EQ(q.code, 0) << q.out;
+  for (const Json& j : records(only_run_dir(base / "qdora"))) {
+    if (j.contains("loss")) {
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>())) << j.dump();
     }
   }
 }
