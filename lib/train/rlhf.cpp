@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
 #include "data/preference_data.h"
 #include "models/registry.h"
 #include "peft/lora.h"
@@ -337,9 +339,28 @@ class PreferenceTaskBase : public TrainingTask {
     f["max_prompt_length"] = encoder_options_.max_prompt_length;
   }
 
-  std::vector<std::string> plotted_metrics() const override {
-    if (options_.rlhf_type == RlhfType::kKto) return {"rewards/margins"};
-    return {"rewards/margins"};
+  std::vector<std::string> plotted_metrics() const override { return {"rewards/margins"}; }
+
+  // A fully trained reward model is a sequence-classification checkpoint: config.json says so (architectures
+  // *ForSequenceClassification, one label, a pad token id for batched scoring) and model.safetensors holds
+  // `score.weight` beside the decoder (lm_head stays too: transformers ignores it with a warning).
+  void complete_model_checkpoint(const fs::path& dir) const override {
+    if (options_.rlhf_type != RlhfType::kRm) return;
+    Json config = load_json_file(dir / "config.json");
+    std::string arch = job_.model->config().model_type + "ForCausalLM";
+    if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
+        config["architectures"][0].is_string()) {
+      arch = config["architectures"][0].get<std::string>();
+    }
+    const std::string causal = "ForCausalLM";
+    if (arch.size() > causal.size() && arch.compare(arch.size() - causal.size(), causal.size(), causal) == 0) {
+      arch = arch.substr(0, arch.size() - causal.size());
+    }
+    config["architectures"] = Json::array({arch + "ForSequenceClassification"});
+    config["id2label"] = {{"0", "LABEL_0"}};
+    config["label2id"] = {{"LABEL_0", 0}};
+    if (!config.contains("pad_token_id") || config["pad_token_id"].is_null()) config["pad_token_id"] = pad_id_;
+    write_file_atomic(dir / "config.json", config.dump(2) + "\n");
   }
 
   StepResult step(Trainer& trainer, const StepSlice& slice) override {

@@ -206,7 +206,8 @@ struct RunState {
 // Writes checkpoint-<step> under a temporary name and renames it into place; then trims to save_total_limit.
 // Several processes: every rank calls it (the optimizer state and RNG states are gathered), rank 0 writes, and all
 // wait for the checkpoint to be in place.
-fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunState& state, const fs::path& args_json) {
+fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunState& state, const fs::path& args_json,
+                         const TrainingTask& task) {
   const TrainConfig& c = trainer.config();
   const fs::path final_dir = run_dir / fmt::format("checkpoint-{}", state.global_step);
   dist::Communicator* comm = trainer.comm().get();
@@ -240,6 +241,7 @@ fs::path save_checkpoint(const fs::path& run_dir, Trainer& trainer, const RunSta
       for (const auto& item : trainer.model()->named_parameters(true)) tensors.emplace_back(item.key(), item.value().detach());
       save_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});
       copy_model_files(c.model, tmp);
+      task.complete_model_checkpoint(tmp);
     }
     if (!c.save_only_model) {
       save_safetensors(tmp / "optimizer.safetensors", opt.first, {{"step", std::to_string(opt.second)}});
@@ -606,7 +608,7 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
     progress.update(global_step, stats);
     if (global_step % eval_every == 0 || last_step) run_eval(global_step);
     if (global_step % config.save_steps == 0 || last_step || stopping) {
-      last_saved = save_checkpoint(run_dir, trainer, state, args_json);
+      last_saved = save_checkpoint(run_dir, trainer, state, args_json, *task);
       progress.message(fmt::format("saved {}", last_saved.string()));
     }
     if (stopping && !last_step) {

@@ -89,6 +89,9 @@ class TrainingTask {
   /// Validation over every rank's share, combined: "eval_loss" and the objective's values prefixed "eval_"
   /// (empty without validation data). Every rank calls it.
   virtual std::map<std::string, double> evaluate(Trainer& trainer) = 0;
+  /// Full fine-tuning: called with a checkpoint's temporary folder once model.safetensors and the model's files
+  /// are in it, before it is renamed into place (a reward model rewrites config.json for its head).
+  virtual void complete_model_checkpoint(const fs::path& dir) const { (void)dir; }
   /// Metric names drawn beside the loss in images/train_loss.svg (training values, and eval_ ones when logged).
   virtual std::vector<std::string> plotted_metrics() const { return {}; }
 };

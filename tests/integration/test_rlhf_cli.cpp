@@ -199,6 +199,19 @@ TEST(RlhfCli, FullFineTuningWithAReferenceCopyOrPrecomputedReference) {
   }
   EXPECT_GE(compared, 4);
   EXPECT_TRUE(fs::exists(only_run_dir(base / "copy") / "checkpoint-2/model.safetensors"));
+
+  // A fully trained reward model is saved as a sequence-classification checkpoint.
+  const auto rm = run_cli(rlhf_args(base / "rm", "rlhf_type=rm train_type=full learning_rate=1e-4 max_steps=2 "
+                                                 "save_steps=2 eval_steps=2"));
+  ASSERT_EQ(rm.code, 0) << rm.out;
+  const fs::path checkpoint = only_run_dir(base / "rm") / "checkpoint-2";
+  const Json config = load_json_file(checkpoint / "config.json");
+  EXPECT_EQ(config["architectures"], Json::array({"LlamaForSequenceClassification"}));
+  EXPECT_EQ(config["id2label"].size(), 1u);
+  EXPECT_TRUE(config.contains("pad_token_id"));
+  bool head = false;
+  for (const auto& t : SafetensorsFile::open(checkpoint / "model.safetensors")->tensors()) head |= t.name == "score.weight";
+  EXPECT_TRUE(head);
 }
 
 // Two processes with per-device batches of 2 pairs equal one process accumulating two such micro-batches.
