@@ -72,7 +72,10 @@ void expect_same_run(const fs::path& one, const fs::path& two, const std::string
   ASSERT_EQ(a.size(), 4u) << what;
   ASSERT_EQ(b.size(), 4u) << what;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << what << " step " << i + 1;
-  EXPECT_LT(adapter_difference(run_dir_of(one) / "checkpoint-4", run_dir_of(two) / "checkpoint-4"), 1e-5) << what;
+  // Float32 rounding of two summation orders (accumulated vs all-reduced gradients), amplified where AdamW divides
+  // small gradients by sqrt(v): measured up to 1.4e-5 at 2 threads per process on a 2-core AMD EPYC, below 1e-5
+  // at 1 thread. A wrong reduction (a missing or doubled rank) differs by orders of magnitude more.
+  EXPECT_LT(adapter_difference(run_dir_of(one) / "checkpoint-4", run_dir_of(two) / "checkpoint-4"), 5e-5) << what;
 }
 
 TEST(DistCli, TwoGlooProcessesTrainLikeOneProcessWithAccumulation) {

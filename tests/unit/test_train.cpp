@@ -174,7 +174,9 @@ TEST(Trainer, GradientCheckpointingGivesTheSameLossAndGradients) {
   at::manual_seed(5);
   Trainer checkpointed(c, load_causal_lm(stories_dir()));
   const StepResult b = checkpointed.step({batch}, 0, 2);
-  EXPECT_EQ(a.loss, b.loss);
+  // The checkpointed forward runs without autograd (another attention kernel): the same value up to float32
+  // rounding, which at 2 threads differs in the last bits (exact at 1 thread).
+  EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(a.loss));
   EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-6 * a.grad_norm);
   const auto ga = grads_of(plain), gb = grads_of(checkpointed);
   ASSERT_EQ(ga.size(), gb.size());
