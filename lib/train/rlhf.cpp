@@ -391,13 +391,14 @@ class PreferenceTaskBase : public TrainingTask {
       loss_sum = loss_sum.defined() ? loss_sum + m.loss.detach() : m.loss.detach();
       metrics.add(m.metrics);
     }
-    std::vector<at::Tensor> sums = {loss_sum};
+    // One collective for the loss, the label-token count and the metrics (finish_step's).
+    std::vector<at::Tensor> sums = {loss_sum, at::scalar_tensor(static_cast<double>(r.label_tokens), at::kDouble)};
     for (double v : metrics.flat()) sums.push_back(at::scalar_tensor(v, at::kDouble));
     trainer.finish_step(r, sums, [&](const std::vector<double>& global) {
       r.loss = global[0] * scale;
-      r.metrics = MetricSums::averages(global, 1, "");
+      r.label_tokens = static_cast<int64_t>(global[1]);
+      r.metrics = MetricSums::averages(global, 2, "");
     }, slice.global_step, slice.total_steps);
-    r.label_tokens = trainer.global_count(r.label_tokens);
     return r;
   }
 
