@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # swiftcpp inference benchmark: swiftcpp vs the PyTorch eager baseline, back to back, on the same machine.
 #
-#   bash bench/run.sh            (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j)
+#   bash bench/run.sh            (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target swiftcpp bench -j)
 #
 # For each model, runs build/bin/swiftcpp_bench_infer and then bench/baseline_infer.py with identical settings
 # (batch 1, greedy, KV cache; see the measurement contract at the top of bench/baseline_infer.py), checks that
@@ -31,7 +31,7 @@ BENCH_MODEL=bench/models/bench25m
 BENCH_BIN=$BUILD_DIR/bin/swiftcpp_bench_infer
 if [[ ! -x $BENCH_BIN ]]; then
     echo "error: $BENCH_BIN not found. Build first:" >&2
-    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR -j" >&2
+    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR --target swiftcpp bench -j" >&2
     exit 1
 fi
 if ! "$PYTHON" -c 'import torch, numpy' 2>/dev/null; then

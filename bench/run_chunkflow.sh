@@ -3,7 +3,7 @@
 # long-tail workloads, all measured in one run of build/bin/swiftcpp_bench_chunkflow (bench25m, LoRA r16 on all
 # linear layers, AdamW, 2 threads).
 #
-#   bash bench/run_chunkflow.sh      (after: cmake -S . -B build -G Ninja && cmake --build build)
+#   bash bench/run_chunkflow.sh      (after: cmake -S . -B build -G Ninja && cmake --build build --target swiftcpp bench)
 #
 # 1. memory: one sequence of 2C, 4C, 8C, 16C tokens (C = CHUNK), one LoRA step unchunked and with ChunkFlow
 #    (C, KEEP); peak tensor memory through the counting allocator; chart at $OUT/memory.svg.
@@ -40,7 +40,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 
 BIN=$BUILD_DIR/bin/swiftcpp_bench_chunkflow
 if [[ ! -x $BIN ]]; then
-    echo "error: $BIN not found; build first: cmake -S . -B $BUILD_DIR -G Ninja && cmake --build $BUILD_DIR" >&2
+    echo "error: $BIN not found; build first: cmake -S . -B $BUILD_DIR -G Ninja && cmake --build $BUILD_DIR --target swiftcpp bench" >&2
     exit 1
 fi
 if [[ $MODEL == bench/models/bench25m && ! -f $MODEL/config.json ]]; then

@@ -2,7 +2,7 @@
 # swiftcpp evaluation benchmark: `swiftcpp eval` on MMLU vs the PyTorch eager baseline, back to back, on the same
 # machine and the same token ids.
 #
-#   bash bench/run_eval.sh       (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j)
+#   bash bench/run_eval.sh       (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target swiftcpp bench -j)
 #
 # For each run i = 1..RUNS:
 #   1. build/bin/swiftcpp eval scores MMLU (5-shot, the first LIMIT questions of each of the 57 subjects) with
@@ -42,7 +42,7 @@ TOKENIZER=../shared/assets/tokenizers/llama2/tokenizer.model
 SWIFTCPP=$BUILD_DIR/bin/swiftcpp
 if [[ ! -x $SWIFTCPP ]]; then
     echo "error: $SWIFTCPP not found. Build first:" >&2
-    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR -j" >&2
+    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR --target swiftcpp bench -j" >&2
     exit 1
 fi
 if ! "$PYTHON" -c 'import torch, numpy' 2>/dev/null; then

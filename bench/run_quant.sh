@@ -32,7 +32,7 @@ BIN=$BUILD_DIR/bin/swiftcpp
 INTEROP=third_party/llama-interop
 
 for f in "$BIN" "$BUILD_DIR/bin/swiftcpp_bench_train"; do
-    [[ -x $f ]] || { echo "error: $f not found; build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR)" >&2; exit 1; }
+    [[ -x $f ]] || { echo "error: $f not found; build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR --target swiftcpp bench)" >&2; exit 1; }
 done
 [[ -f $TEXT ]] || { echo "error: $TEXT not found (../shared/assets is needed)" >&2; exit 1; }
 [[ -d bench/models/bench25m ]] || "$PYTHON" scripts/make_bench_model.py --out bench/models/bench25m >&2

@@ -33,7 +33,7 @@ SCHEDULERS="skrull skrull_paper round_robin sorted flops_balanced"
 DISTS="wikipedia_zh lmsys_chat_1m chatqa2_long_sft"
 
 for f in "$BIN" "$MODELBIN"; do
-    [[ -x $f ]] || { echo "error: $f not found; build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR)" >&2; exit 1; }
+    [[ -x $f ]] || { echo "error: $f not found; build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR --target swiftcpp bench)" >&2; exit 1; }
 done
 [[ -f $SHARED/tokenizers/llama2/tokenizer.model ]] || { echo "error: $SHARED/tokenizers/llama2 not found" >&2; exit 1; }
 [[ -d bench/models/bench25m ]] || "$PYTHON" scripts/make_bench_model.py --out bench/models/bench25m >&2

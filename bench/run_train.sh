@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # swiftcpp training benchmark: swiftcpp vs the PyTorch eager baseline, back to back, on the same machine and data.
 #
-#   bash bench/run_train.sh      (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j)
+#   bash bench/run_train.sh      (after: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target swiftcpp bench -j)
 #
 # For each case of the matrix mode {lora, full} x batching {padding, packing} x dtype {float32, bf16}:
 #   1. build/bin/swiftcpp_bench_train trains bench25m (batch 4 x 512, 3 warm-up + 10 timed steps, RUNS runs) and
@@ -48,7 +48,7 @@ BENCH_MODEL=bench/models/bench25m
 BENCH_BIN=$BUILD_DIR/bin/swiftcpp_bench_train
 if [[ ! -x $BENCH_BIN ]]; then
     echo "error: $BENCH_BIN not found. Build first:" >&2
-    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR -j" >&2
+    echo "  cmake -S . -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR --target swiftcpp bench -j" >&2
     exit 1
 fi
 if ! "$PYTHON" -c 'import torch, numpy' 2>/dev/null; then

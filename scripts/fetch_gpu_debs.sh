@@ -8,5 +8,6 @@ grep -qx '/.debs/' .git/info/exclude 2>/dev/null || echo '/.debs/' >> .git/info/
 cd .debs
 apt-get download nlohmann-json3-dev libfmt-dev libfmt9 libcli11-dev libgtest-dev libsentencepiece-dev \
   libsentencepiece0 libprotobuf-lite32 libprotobuf32 \
-  libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libyaml-cpp-dev libyaml-cpp0.7 zlib1g-dev libbz2-dev
+  libpcre2-dev libpcre2-8-0 libicu-dev libicu72 libyaml-cpp-dev libyaml-cpp0.7 zlib1g-dev libbz2-dev \
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libbrotli-dev
 ls -la

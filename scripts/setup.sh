@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libgloo-dev
   libsentencepiece-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-  libgtest-dev libgmock-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev libjpeg62-turbo-dev libpng-dev
+  libgtest-dev libgmock-dev libcpp-httplib-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev libjpeg62-turbo-dev libpng-dev
   python3-torch python3-numpy python3-jinja2
 )
 missing=()
@@ -21,3 +21,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 bash "$(dirname "${BASH_SOURCE[0]}")/setup_llama_interop.sh"
+# The OpenAI client the deploy test runs (tests/client, pinned by its committed lockfile). Best effort: without node
+# or the npm registry the test skips saying so.
+if command -v npm >/dev/null 2>&1; then
+  (cd "$(dirname "${BASH_SOURCE[0]}")/../tests/client" &&
+     { [ -f node_modules/openai/package.json ] || npm ci --no-audit --no-fund >/dev/null 2>&1; }) ||
+    echo "setup: npm ci in tests/client failed; the deploy client test will be skipped" >&2
+else
+  echo "setup: npm not found; the deploy client test will be skipped" >&2
+fi

@@ -20,6 +20,9 @@ struct GlobalOptions {
 /// `swiftcpp infer`: generation from a model folder.
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions& globals);
 
+/// `swiftcpp deploy`: an OpenAI-compatible HTTP server.
+CommandRun add_deploy_command(CLI::App& root, const GlobalOptions& globals);
+
 /// `swiftcpp tokenize`: text -> ids and ids -> text with a checkpoint's tokenizer.
 CommandRun add_tokenize_command(CLI::App& root, const GlobalOptions& globals);
 

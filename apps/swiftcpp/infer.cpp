@@ -15,6 +15,7 @@
 #include "core/memory.h"
 #include "data/encode.h"
 #include "infer/generate.h"
+#include "infer/session.h"
 #include "template/template.h"
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
@@ -55,44 +56,6 @@ struct InferOptions {
   std::vector<std::string> images;  // --image, in order (vision-language models)
 };
 
-// How prompts become ids: through the chat template (the same SampleEncoder code training uses) when the
-// checkpoint has one or --template names one, else as raw text. A vision-language model's images go with them:
-// each `<image>` in the text takes the next image; images without any `<image>` in the text are put first, one
-// `<image>\n` each, as ms-swift does.
-struct Prompter {
-  std::shared_ptr<const TextTokenizer> tokenizer;
-  const Generator* generator = nullptr;      // raw prompts go through Generator::encode_prompt
-  std::shared_ptr<const ChatTemplate> tmpl;  // null: raw text
-  std::optional<std::string> system;
-  EncodeOptions encode;                      // with image settings for a vision-language model
-
-  bool chat() const { return tmpl != nullptr; }
-
-  EncodedPrompt prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images) const {
-    std::vector<ChatMessage> messages;
-    if (system) messages.push_back({"system", *system, std::nullopt});
-    int64_t placeholders = 0;
-    for (const auto& t : turns) placeholders += count_image_placeholders(t.content);
-    if (!images.empty() && placeholders == 0 && !turns.empty()) {
-      std::string lead;
-      for (size_t i = 0; i < images.size(); ++i) lead += std::string(kImagePlaceholder) + "\n";
-      turns.back().content = lead + turns.back().content;
-    }
-    messages.insert(messages.end(), turns.begin(), turns.end());
-    const SampleEncoder encoder(tokenizer, tmpl, encode);
-    return encoder.encode_prompt(messages, images);
-  }
-
-  EncodedPrompt prompt(const std::string& text, const std::vector<fs::path>& images) const {
-    if (chat()) return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
-    if (images.empty() && !encode.images) {
-      const std::vector<int64_t> ids = generator->encode_prompt(text);
-      return {std::vector<int>(ids.begin(), ids.end()), {}};
-    }
-    return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
-  }
-};
-
 std::vector<int64_t> ids_of(const EncodedPrompt& p) { return std::vector<int64_t>(p.ids.begin(), p.ids.end()); }
 
 // The prompt's images as one [N, C, H, W] tensor (undefined for none).
@@ -100,17 +63,10 @@ at::Tensor pixels_of(const EncodedPrompt& p) { return p.pixel_values.empty() ? a
 
 // Sampling defaults come from the checkpoint's generation_config.json (as Hugging Face generate() does);
 // command-line values win.
-SamplingParams sampling_from(const InferOptions& o, const fs::path& model_dir) {
-  SamplingParams p;
-  const fs::path gen = model_dir / "generation_config.json";
-  if (fs::exists(gen)) {
-    const JsonObject g = JsonObject::load(gen);
-    const bool do_sample = g.get_or<bool>("do_sample", true);
-    p.temperature = do_sample ? g.get_or<double>("temperature", 1.0) : 0.0;
-    p.top_k = g.get_or<int64_t>("top_k", 0);
-    p.top_p = g.get_or<double>("top_p", 1.0);
-    p.repetition_penalty = g.get_or<double>("repetition_penalty", 1.0);
-  }
+// Sampling defaults come from the checkpoint's generation_config.json (as Hugging Face generate() does);
+// command-line values win.
+SamplingParams sampling_from(const InferOptions& o, const SamplingParams& defaults) {
+  SamplingParams p = defaults;
   if (o.temperature) p.temperature = *o.temperature;
   if (o.top_k) p.top_k = *o.top_k;
   if (o.top_p) p.top_p = *o.top_p;
@@ -170,7 +126,7 @@ std::string run_single(Generator& gen, const GenerationConfig& config, const Inf
 }
 
 // A JSONL file of prompts, generated in length-sorted batches, written as JSONL in input order.
-int run_file(Generator& gen, const GenerationConfig& config, const InferOptions& o, const Prompter& prompter) {
+int run_file(Generator& gen, const GenerationConfig& config, const InferOptions& o, const ModelSession& prompter) {
   if (o.output.empty()) fail<ConfigError>("--prompts-file needs --output FILE.jsonl");
   if (o.batch_size < 1) fail<ConfigError>("--batch-size must be >= 1, got {}", o.batch_size);
   std::istringstream in(read_text_file(o.prompts_file));
@@ -269,7 +225,7 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
 
 // A read-eval loop on stdin. With a chat template it is a multi-turn chat (/reset forgets the history);
 // without one each line is a prompt of its own.
-int run_interactive(Generator& gen, const GenerationConfig& config, const InferOptions& o, const Prompter& prompter) {
+int run_interactive(Generator& gen, const GenerationConfig& config, const InferOptions& o, const ModelSession& prompter) {
   const bool vision = prompter.encode.images.has_value();
   std::cerr << "swiftcpp interactive" << (prompter.chat() ? " chat" : "")
             << ": type and press Enter; /reset clears the conversation"
@@ -342,16 +298,18 @@ int run_infer(const InferOptions& o) {
   if (!o.output.empty()) check_output_file(o.output, "--output");
   if (!o.output_logits.empty()) check_output_file(o.output_logits, "--output-logits");
   nn::set_attention_backend(parse_backend(o.attention));
-  LoadOptions load;
-  load.device = parse_device(o.device);
-  load.dtype = parse_dtype(o.dtype);
+  SessionOptions open;
+  open.model = o.model;
+  open.tokenizer = o.tokenizer;
+  open.chat_template = o.chat_template;
+  open.load.device = parse_device(o.device);
+  open.load.dtype = parse_dtype(o.dtype);
   // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
   // Hugging Face folder (--tokenizer, else the file's own folder), checked against the GGUF's vocabulary.
   const auto t0 = std::chrono::steady_clock::now();
   install_memory_tracking();
-  ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
-  CausalLM model = loaded.model;
-  const fs::path model_dir = loaded.assets_dir;
+  ModelSession prompter = ModelSession::open(open);
+  CausalLM model = prompter.model;
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     model->eval();
@@ -359,20 +317,13 @@ int run_infer(const InferOptions& o) {
                              adapter.use_dora ? ", DoRA" : "")
               << std::endl;
   }
-  auto tokenizer = loaded.tokenizer;
+  auto tokenizer = prompter.tokenizer;
   std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", o.model,
                            model->config().num_hidden_layers, model->config().hidden_size, o.device, o.dtype,
                            seconds_since(t0))
             << std::endl;
   Generator gen(model, tokenizer);
-  Prompter prompter;
-  prompter.tokenizer = tokenizer;
-  prompter.generator = &gen;
-  const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
-  prompter.tmpl = chat_template_for(*tokenizer, template_name);
-  if (const auto& mm = model->config().multimodal) {
-    prompter.encode.images = make_image_encoding(model_dir, mm->image_token_index, mm->image_seq_length);
-  } else if (!o.images.empty()) {
+  if (!model->config().multimodal && !o.images.empty()) {
     fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA", o.model,
                       model->config().model_type);
   }
@@ -384,11 +335,9 @@ int run_infer(const InferOptions& o) {
 
   GenerationConfig config;
   config.max_new_tokens = o.max_new_tokens;
-  config.sampling = sampling_from(o, model_dir);
+  config.sampling = sampling_from(o, prompter.defaults);
   for (const auto& stop : o.stop) config.stop_strings.push_back(unescape(stop));
-  if (!o.ignore_eos) {
-    for (int id : tokenizer->specials().eos) config.eos_ids.push_back(id);
-  }
+  if (!o.ignore_eos) config.eos_ids = prompter.eos_ids;
 
   if (!o.output_logits.empty()) {
     const EncodedPrompt encoded = prompter.prompt(o.prompt, images);

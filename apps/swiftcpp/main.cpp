@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   std::map<CLI::App*, app::CommandRun> commands;
   app::CommandRun infer = app::add_infer_command(root, globals);
   commands[root.get_subcommand("infer")] = infer;
+  app::CommandRun deploy = app::add_deploy_command(root, globals);
+  commands[root.get_subcommand("deploy")] = deploy;
   app::CommandRun tokenize = app::add_tokenize_command(root, globals);
   commands[root.get_subcommand("tokenize")] = tokenize;
   app::CommandRun data = app::add_data_command(root, globals);

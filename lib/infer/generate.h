@@ -1,5 +1,5 @@
-// Generation engine: batched prefill with left padding, a preallocated KV cache, sampling, EOS and stop
-// strings, and streaming of decoded text.
+// Generation of a fixed set of prompts to completion, on the step-wise Engine (infer/engine.h): each prompt is a
+// sequence of its own (its own cache row, positions and sampler), decoded together with the others.
 #pragma once
 
 #include <functional>
@@ -7,19 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "infer/sampling.h"
+#include "infer/engine.h"
 #include "models/decoder/decoder.h"
 
 namespace swiftcpp {
 
 class TextTokenizer;
-
-struct GenerationConfig {
-  int64_t max_new_tokens = 256;
-  SamplingParams sampling;
-  std::vector<std::string> stop_strings;  // generation ends before the first occurrence of any
-  std::vector<int64_t> eos_ids;           // generation ends on any of these (not included in the text)
-};
 
 struct GenerationResult {
   std::vector<int64_t> prompt_ids;
@@ -35,7 +28,8 @@ class Generator {
  public:
   Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokenizer);
 
-  /// Generates continuations of tokenised prompts (each non-empty), batched with left padding. A prompt and its
+  /// Generates continuations of tokenised prompts (each non-empty), decoded together. Each prompt samples with its
+  /// own generator seeded by config.sampling.seed, so its text does not depend on the others. A prompt and its
   /// new tokens never exceed the model's context: a row stops (finish reason "length") after
   /// min(max_new_tokens, max_position_embeddings - prompt length) new tokens, with a warning (core/runtime.h)
   /// when max_new_tokens is cut that way. Vision-language models take `images`: per prompt, its pixel values

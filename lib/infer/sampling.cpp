@@ -20,6 +20,12 @@ void SamplingParams::validate() const {
   if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
     fail<ConfigError>("repetition_penalty must be a finite number > 0, got {}", repetition_penalty);
   }
+  if (!(presence_penalty >= -2 && presence_penalty <= 2)) {
+    fail<ConfigError>("presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  }
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) {
+    fail<ConfigError>("frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  }
 }
 
 Sampler::Sampler(const SamplingParams& params)
@@ -27,13 +33,17 @@ Sampler::Sampler(const SamplingParams& params)
   params_.validate();
 }
 
-at::Tensor Sampler::process(at::Tensor logits, const at::Tensor& seen) const {
+at::Tensor Sampler::process(at::Tensor logits, const at::Tensor& seen, const at::Tensor& counts) const {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   if (params_.repetition_penalty != 1.0 && seen.defined()) {
     // CTRL / Hugging Face: a seen token's logit is divided by the penalty when positive, multiplied when not.
     const at::Tensor penalised = at::where(logits > 0, logits / params_.repetition_penalty,
                                            logits * params_.repetition_penalty);
     logits = at::where(seen, penalised, logits);
+  }
+  if ((params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) && counts.defined()) {
+    // OpenAI / vLLM: logit -= frequency * count + presence * (count > 0), over the generated tokens.
+    logits = logits - counts * params_.frequency_penalty - counts.gt(0).to(logits.scalar_type()) * params_.presence_penalty;
   }
   if (params_.greedy()) return logits;
   if (params_.temperature != 1.0) logits = logits / params_.temperature;
@@ -58,10 +68,10 @@ at::Tensor Sampler::process(at::Tensor logits, const at::Tensor& seen) const {
   return logits;
 }
 
-at::Tensor Sampler::sample(const at::Tensor& logits, const at::Tensor& seen) {
+at::Tensor Sampler::sample(const at::Tensor& logits, const at::Tensor& seen, const at::Tensor& counts) {
   // logits: [B, V] -> float32 CPU
   at::Tensor x = logits.to(at::kCPU, at::kFloat);
-  x = process(x, seen.defined() ? seen.to(at::kCPU) : seen);
+  x = process(x, seen.defined() ? seen.to(at::kCPU) : seen, counts.defined() ? counts.to(at::kCPU, at::kFloat) : counts);
   if (params_.greedy()) return x.argmax(-1);
   const at::Tensor probs = x.softmax(-1);
   return at::multinomial(probs, 1, /*replacement=*/false, generator_).squeeze(-1);

@@ -227,6 +227,43 @@ KVCache::KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capaci
   }
 }
 
+int64_t KVCache::span(int64_t new_tokens) const {
+  int64_t longest = 0;
+  for (int64_t n : lengths) longest = std::max(longest, n);
+  return longest + new_tokens;
+}
+
+std::pair<at::Tensor, at::Tensor> KVCache::write_rows(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t B = k.size(0), T = k.size(2);
+  TORCH_CHECK(static_cast<int64_t>(rows.size()) == B && static_cast<int64_t>(lengths.size()) == B,
+              "KV cache rows/lengths do not match the batch of ", B);
+  const int64_t S = span(T);
+  TORCH_CHECK(S <= capacity(), "KV cache overflow: ", S, " > ", capacity());
+  at::Tensor& ck = keys[layer];
+  at::Tensor& cv = values[layer];
+  bool consecutive = true;
+  for (int64_t b = 0; b < B; ++b) {
+    ck[rows[b]].narrow(1, lengths[b], T).copy_(k[b]);  // [Hkv, T, Dh]
+    cv[rows[b]].narrow(1, lengths[b], T).copy_(v[b]);
+    consecutive = consecutive && rows[b] == rows[0] + b;
+  }
+  if (consecutive) return {ck.narrow(0, rows[0], B).narrow(2, 0, S), cv.narrow(0, rows[0], B).narrow(2, 0, S)};
+  const at::Tensor index = at::tensor(rows, at::kLong).to(ck.device());
+  return {ck.narrow(2, 0, S).index_select(0, index), cv.narrow(2, 0, S).index_select(0, index)};
+}
+
+at::Tensor build_row_mask(const std::vector<int64_t>& lengths, int64_t new_tokens, int64_t keys, int64_t window,
+                          const at::Device& device) {
+  const int64_t B = static_cast<int64_t>(lengths.size());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor starts = at::tensor(lengths, at::kLong).to(device).view({B, 1, 1, 1});
+  const at::Tensor query_pos = starts + at::arange(new_tokens, long_opts).view({1, 1, new_tokens, 1});  // [B,1,T,1]
+  const at::Tensor key_pos = at::arange(keys, long_opts).view({1, 1, 1, keys});                        // [1,1,1,S]
+  at::Tensor mask = key_pos <= query_pos;  // [B, 1, T, S]
+  if (window > 0) mask = mask.logical_and(query_pos - key_pos < window);
+  return mask;
+}
+
 at::Tensor build_attention_mask(int64_t batch, int64_t past, int64_t new_tokens, const at::Tensor& key_valid,
                                 int64_t window, const at::Device& device, const at::Tensor& segment_ids) {
   const int64_t S = past + new_tokens;

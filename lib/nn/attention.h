@@ -64,16 +64,36 @@ struct ChunkKV {
 };
 
 /// Per-layer key/value storage allocated once for `capacity` positions.
+///
+/// Two ways to use it. Shared length: the batch's rows are storage rows [0, B), all filled to `length`, and new
+/// K/V go to positions [length, length + T). Per-row (continuous batching, `rows` non-empty): the forward's batch
+/// row b is storage row rows[b], filled to lengths[b] positions; its T new K/V go to [lengths[b], lengths[b] + T)
+/// and it attends to its own keys only. The forward advances `length` or every lengths[b] by T.
 struct KVCache {
-  std::vector<at::Tensor> keys;    // per layer [B, Hkv, capacity, Dh]
-  std::vector<at::Tensor> values;  // per layer [B, Hkv, capacity, Dh]
-  int64_t length = 0;              // positions filled so far
+  std::vector<at::Tensor> keys;    // per layer [rows, Hkv, capacity, Dh]
+  std::vector<at::Tensor> values;  // per layer [rows, Hkv, capacity, Dh]
+  int64_t length = 0;              // positions filled so far (shared-length use)
+  std::vector<int64_t> rows;       // per-row use: the storage row of each batch row
+  std::vector<int64_t> lengths;    // per-row use: positions filled in each batch row's storage row
 
   /// Allocates zeroed storage for `layers` layers on `options`' device and dtype.
   KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,
           const at::TensorOptions& options);
   int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+  bool per_row() const { return !rows.empty(); }
+  /// Per-row use: positions a forward of T new tokens attends over, max(lengths) + T.
+  int64_t span(int64_t new_tokens) const;
+
+  /// Per-row use: writes layer `layer`'s new k, v [B, Hkv, T, Dh] at each row's positions and returns the keys and
+  /// values the batch attends to, [B, Hkv, span(T), Dh] (a view of the storage when the rows are consecutive, a
+  /// gathered copy otherwise). Positions past a row's own length hold stale or zero values: the mask hides them.
+  std::pair<at::Tensor, at::Tensor> write_rows(int64_t layer, const at::Tensor& k, const at::Tensor& v);
 };
+
+/// Per-row KV cache mask [B, 1, T, S] for T new queries per row, row b's at positions [lengths[b], lengths[b] + T)
+/// over S keys: causal within the row, keys past the row's own length hidden, and the sliding window (0 = none).
+at::Tensor build_row_mask(const std::vector<int64_t>& lengths, int64_t new_tokens, int64_t keys, int64_t window,
+                          const at::Device& device);
 
 /// Builds the boolean attention mask [B, 1, T, S] for T new queries at cache positions
 /// [past, past + T) over S = past + T keys: causal, key padding (`key_valid` [B, S] bool, may be

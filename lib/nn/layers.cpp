@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/row_adapters.h"
 #include "quant/packed.h"
 
 namespace swiftcpp::nn {
@@ -36,10 +37,19 @@ at::Tensor base_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 }
 }  // namespace
 
+namespace {
+thread_local const RowAdapters* t_row_adapters = nullptr;
+}  // namespace
+
+const RowAdapters* current_row_adapters() { return t_row_adapters; }
+RowAdaptersScope::RowAdaptersScope(const RowAdapters* adapters) : previous_(t_row_adapters) { t_row_adapters = adapters; }
+RowAdaptersScope::~RowAdaptersScope() { t_row_adapters = previous_; }
+
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   if (input_observer) input_observer(x);
   // A packed layer multiplies tile by tile and never holds its float weight (DoRA's norm below excepted).
   at::Tensor out = packed ? packed_linear(x, packed, bias) : base_linear(x, weight, bias);  // [..., out]
+  if (const RowAdapters* rows = t_row_adapters) out = rows->apply(*this, x, out);
   if (!lora) return out;
   const LoraWeights& a = *lora;
   const at::Tensor xd = (a.dropout > 0 && is_training()) ? at::dropout(x, a.dropout, /*train=*/true) : x;

@@ -47,7 +47,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   v = v.transpose(1, 2);
   if (cache != nullptr) {
     const int64_t past = cache->length;
-    TORCH_CHECK(past + T <= cache->capacity(), "KV cache overflow: ", past + T, " > ", cache->capacity());
+    TORCH_CHECK(cache->per_row() || past + T <= cache->capacity(), "KV cache overflow: ", past + T, " > ", cache->capacity());
+    if (cache->per_row()) {
+      std::tie(k, v) = cache->write_rows(layer, k, v);  // [B, Hkv, S, Dh]
+      return o_proj(nn::attention(q, k, v, mask).transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+    }
     at::Tensor& ck = cache->keys[layer];
     at::Tensor& cv = cache->values[layer];
     ck.narrow(2, past, T).copy_(k);
@@ -243,12 +247,20 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   TORCH_CHECK(options.cache == nullptr || options.chunk == nullptr, "a forward takes a KV cache or chunk state, not both");
+  const bool per_row = options.cache != nullptr && options.cache->per_row();
   const int64_t past = options.cache != nullptr ? options.cache->length
                        : options.chunk != nullptr ? options.chunk->past_length
                                                   : 0;
   const at::Device dev = input_ids.device();
   at::Tensor positions = options.position_ids;
-  if (!positions.defined()) {
+  if (per_row) {
+    // Row b's new tokens sit at positions [lengths[b], lengths[b] + T) of its own sequence.
+    TORCH_CHECK(static_cast<int64_t>(options.cache->rows.size()) == B, "KV cache rows do not match the batch of ", B);
+    TORCH_CHECK(!options.key_valid.defined() && !options.segment_ids.defined() && !positions.defined(),
+                "a per-row KV cache forward takes no key_valid, segment_ids or position_ids");
+    positions = at::tensor(options.cache->lengths, at::kLong).to(dev).view({B, 1}) +
+                at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).view({1, T});  // [B, T]
+  } else if (!positions.defined()) {
     positions = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong).device(dev)).unsqueeze(0).expand({B, T});
   }
   at::Tensor h;  // [B, T, D]
@@ -260,9 +272,11 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   } else {
     h = embed(input_ids, options.pixel_values, options.image_features);
   }
-  auto [cos, sin] = rotary_.cos_sin(positions, past + T, h.scalar_type());
+  const int64_t span = per_row ? options.cache->span(T) : past + T;
+  auto [cos, sin] = rotary_.cos_sin(positions, span, h.scalar_type());
   const at::Tensor mask =
-      nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
+      per_row ? nn::build_row_mask(options.cache->lengths, T, span, config_.sliding_window, dev)
+              : nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
   const bool checkpointing = gradient_checkpointing_ && is_training() && at::GradMode::is_enabled() &&
                              options.cache == nullptr && options.chunk == nullptr;
   if (options.chunk != nullptr) {
@@ -288,7 +302,11 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
     h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(call.get()))[0];
     checkpoint_calls_.push_back(call);
   }
-  if (options.cache != nullptr) options.cache->length = past + T;
+  if (per_row) {
+    for (auto& n : options.cache->lengths) n += T;
+  } else if (options.cache != nullptr) {
+    options.cache->length = past + T;
+  }
   if (options.last_token_only) h = h.narrow(1, T - 1, 1);
   return model->norm(h);
 }

@@ -1,0 +1,62 @@
+// Load generator for OpenAI-compatible servers (swiftcpp deploy, llama.cpp's llama-server): CONCURRENCY clients
+// each send streamed /v1/completions requests back to back until REQUESTS have been sent in all; every request asks
+// for exactly MAX_TOKENS tokens (ignore_eos) after a prompt of about PROMPT_WORDS words. Prints one JSON object:
+// aggregate completion tokens/s over the whole run, and the p50/p99 time to first token.
+//   node bench/serve_load.mjs --url http://127.0.0.1:8000 --concurrency 8 --requests 32 --max-tokens 128
+const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
+  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
+  return acc;
+}, []));
+const url = args.url ?? 'http://127.0.0.1:8000';
+const concurrency = Number(args.concurrency ?? 1);
+const requests = Number(args.requests ?? concurrency * 4);
+const maxTokens = Number(args['max-tokens'] ?? 128);
+const promptWords = Number(args['prompt-words'] ?? 100);
+const model = args.model ?? '';
+for (const [k, v] of [['concurrency', concurrency], ['requests', requests], ['max-tokens', maxTokens]]) {
+  if (!Number.isInteger(v) || v < 1) { console.error(`--${k} must be a positive integer`); process.exit(2); }
+}
+const words = ['once', 'upon', 'a', 'time', 'there', 'was', 'little', 'girl', 'named', 'lily', 'she', 'liked', 'to',
+               'play', 'in', 'the', 'park', 'with', 'her', 'dog'];
+const prompt = (i) => Array.from({ length: promptWords }, (_, k) => words[(k * 7 + i * 3) % words.length]).join(' ');
+
+async function one(i) {
+  const t0 = performance.now();
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0, ignore_eos: true,
+                           stream: true, stream_options: { include_usage: true } }) });
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  let ttft = null, tokens = 0, chunks = 0, buffer = '';
+  const decoder = new TextDecoder();
+  for await (const part of r.body) {
+    buffer += decoder.decode(part, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf('\n\n')) >= 0) {
+      const event = buffer.slice(0, cut).trim();
+      buffer = buffer.slice(cut + 2);
+      if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+      const chunk = JSON.parse(event.slice(6));
+      if (chunk.usage && chunk.usage.completion_tokens) tokens = chunk.usage.completion_tokens;
+      if (chunk.choices?.[0]?.text) {
+        if (ttft === null) ttft = performance.now() - t0;
+        chunks++;
+      }
+    }
+  }
+  return { ttft, tokens: tokens || chunks, ms: performance.now() - t0 };
+}
+
+let next = 0;
+const results = [];
+const t0 = performance.now();
+await Promise.all(Array.from({ length: concurrency }, async () => {
+  while (next < requests) results.push(await one(next++));
+}));
+const wall = (performance.now() - t0) / 1000;
+const ttfts = results.map((r) => r.ttft).filter((x) => x !== null).sort((a, b) => a - b);
+const pct = (p) => ttfts[Math.min(ttfts.length - 1, Math.floor(p * ttfts.length))];
+const tokens = results.reduce((s, r) => s + r.tokens, 0);
+console.log(JSON.stringify({ url, concurrency, requests, max_tokens: maxTokens, prompt_words: promptWords,
+                             wall_s: wall, completion_tokens: tokens, tokens_per_s: tokens / wall,
+                             ttft_p50_ms: pct(0.5), ttft_p99_ms: pct(0.99) }));

@@ -1,0 +1,74 @@
+#include "infer/session.h"
+
+#include "core/error.h"
+#include "core/json.h"
+#include "data/dataset.h"
+#include "quant/gguf_model.h"
+#include "template/template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace swiftcpp {
+
+SamplingParams generation_defaults(const fs::path& model_dir) {
+  SamplingParams p;
+  const fs::path gen = model_dir / "generation_config.json";
+  if (!fs::exists(gen)) return p;
+  const JsonObject g = JsonObject::load(gen);
+  const bool do_sample = g.get_or<bool>("do_sample", true);
+  p.temperature = do_sample ? g.get_or<double>("temperature", 1.0) : 0.0;
+  p.top_k = g.get_or<int64_t>("top_k", 0);
+  p.top_p = g.get_or<double>("top_p", 1.0);
+  p.repetition_penalty = g.get_or<double>("repetition_penalty", 1.0);
+  return p;
+}
+
+ModelSession ModelSession::open(const SessionOptions& options) {
+  ModelWithTokenizer loaded = load_model_with_tokenizer(options.model, options.tokenizer, options.load);
+  ModelSession s;
+  s.model = loaded.model;
+  s.tokenizer = loaded.tokenizer;
+  s.assets_dir = loaded.assets_dir;
+  const std::string name = options.chat_template.empty() ? detect_chat_template(s.assets_dir) : options.chat_template;
+  s.chat_template = chat_template_for(*s.tokenizer, name);
+  if (const auto& mm = s.model->config().multimodal) {
+    s.encode.images = make_image_encoding(s.assets_dir, mm->image_token_index, mm->image_seq_length);
+  }
+  s.defaults = generation_defaults(s.assets_dir);
+  for (int id : s.tokenizer->specials().eos) s.eos_ids.push_back(id);
+  return s;
+}
+
+EncodedPrompt ModelSession::prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images) const {
+  std::vector<ChatMessage> messages;
+  if (system) messages.push_back({"system", *system, std::nullopt});
+  int64_t placeholders = 0;
+  for (const auto& t : turns) placeholders += count_image_placeholders(t.content);
+  if (!images.empty() && placeholders == 0 && !turns.empty()) {
+    std::string lead;
+    for (size_t i = 0; i < images.size(); ++i) lead += std::string(kImagePlaceholder) + "\n";
+    turns.back().content = lead + turns.back().content;
+  }
+  messages.insert(messages.end(), turns.begin(), turns.end());
+  const SampleEncoder encoder(tokenizer, chat_template, encode);
+  return encoder.encode_prompt(messages, images);
+}
+
+EncodedPrompt ModelSession::prompt(const std::string& text, const std::vector<fs::path>& images) const {
+  if (chat() || !images.empty() || encode.images) {
+    return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
+  }
+  return {encode_raw(text), {}};
+}
+
+std::vector<int> ModelSession::encode_raw(const std::string& text) const {
+  std::vector<int> ids = tokenize_rendered(*tokenizer, text);
+  if (ids.empty()) {
+    if (!tokenizer->specials().bos) {
+      fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
+    }
+    ids.push_back(*tokenizer->specials().bos);
+  }
+  return ids;
+}
+
+}  // namespace swiftcpp

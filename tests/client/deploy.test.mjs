@@ -1,0 +1,434 @@
+// `swiftcpp deploy` tested with the real OpenAI client (npm openai@6.49.0) on loopback, against `swiftcpp infer`
+// on the same model. Run by ctest (DeployClient); exits 77 (skipped) with the reason when node_modules are absent.
+//   SWIFTCPP_BIN=build/bin/swiftcpp node tests/client/deploy.test.mjs
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..', '..');
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import('openai'));
+} catch (e) {
+  console.log(`SKIP: the npm package openai is not installed in tests/client (scripts/setup.sh runs npm ci there): ${e.message}`);
+  process.exit(77);
+}
+const bin = process.env.SWIFTCPP_BIN || join(root, 'build', 'bin', 'swiftcpp');
+const model = join(root, 'models', 'stories260K');
+const threads = process.env.SWIFTCPP_TEST_THREADS || '1';
+const key = 'sk-test-key';
+const work = mkdtempSync(join(tmpdir(), 'swiftcpp-deploy-'));
+const results = [];
+
+async function check(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    results.push([name, 'ok', Date.now() - t0]);
+    console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    results.push([name, 'FAIL', Date.now() - t0]);
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+// Starts `swiftcpp deploy` on a free port; resolves once /health says 200.
+async function startServer(args) {
+  const child = spawn(bin, ['--threads', threads, 'deploy', '--model', model, '--port', '0', ...args],
+                      { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no port after 30 s:\n${log}`)), 30000);
+    child.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/listening on http:\/\/[^:]+:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    child.on('exit', (code) => reject(new Error(`deploy exited with ${code}:\n${log}`)));
+  });
+  const base = `http://127.0.0.1:${port}`;
+  const statuses = new Set();
+  for (let i = 0; i < 600; i++) {
+    const r = await fetch(`${base}/health`).catch(() => null);
+    if (r) statuses.add(r.status);
+    if (r && r.status === 200) break;
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  return { child, port, base, statuses, log: () => log };
+}
+
+function infer(args) {
+  const r = spawnSync(bin, ['--threads', threads, 'infer', '--model', model, ...args], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`infer failed (${r.status}): ${r.stderr}`);
+  return r;
+}
+
+// A safetensors file's tensors as Float32Array (F32) with shapes.
+function readSafetensors(path) {
+  const buf = readFileSync(path);
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+  const out = {};
+  for (const [name, t] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const [a, b] = t.data_offsets;
+    const bytes = buf.subarray(8 + n + a, 8 + n + b);
+    const copy = Buffer.from(bytes);
+    out[name] = { shape: t.shape, dtype: t.dtype,
+                  data: t.dtype === 'F32' ? new Float32Array(copy.buffer, copy.byteOffset, (b - a) / 4)
+                                          : new BigInt64Array(copy.buffer, copy.byteOffset, (b - a) / 8) };
+  }
+  return out;
+}
+
+function logSoftmax(row) {
+  let max = -Infinity;
+  for (const x of row) max = Math.max(max, x);
+  let sum = 0;
+  for (const x of row) sum += Math.exp(x - max);
+  const lse = max + Math.log(sum);
+  return Array.from(row, (x) => x - lse);
+}
+
+const proc = (pid, what) => readFileSync(`/proc/${pid}/${what}`, 'utf8');
+const rssKiB = (pid) => Number(proc(pid, 'status').match(/VmRSS:\s+(\d+)/)[1]);
+const fdCount = (pid) => readdirSync(`/proc/${pid}/fd`).length;
+const threadCount = (pid) => readdirSync(`/proc/${pid}/task`).length;
+
+const server = await startServer(['--template', 'chatml', '--parallel', '2', '--max-queue', '8', '--api-key', key,
+                                  '--served-model-name', 'stories']);
+const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: key, maxRetries: 0 });
+const prompts = ['Once upon a time', 'The cat sat', 'Lily went to the park', 'Tom had a red ball', 'The sun was hot',
+                 'A little dog', 'Mom said', 'They played all day'];
+const chat = (text, extra = {}) => client.chat.completions.create({
+  model: 'stories', messages: [{ role: 'user', content: text }], temperature: 0, max_tokens: 40, ...extra });
+
+await check('health answers 200 once loaded (503 before, when seen)', async () => {
+  assert.ok(server.statuses.has(200));
+  for (const s of server.statuses) assert.ok(s === 200 || s === 503, `unexpected /health status ${s}`);
+});
+
+await check('models.list names the served model', async () => {
+  const list = await client.models.list();
+  assert.deepEqual(list.data.map((m) => m.id), ['stories']);
+  assert.equal(list.data[0].object, 'model');
+});
+
+await check('greedy chat equals swiftcpp infer byte for byte, with its usage counts', async () => {
+  const rows = prompts.slice(0, 3).map((p) => JSON.stringify({ messages: [{ role: 'user', content: p }] })).join('\n');
+  writeFileSync(join(work, 'prompts.jsonl'), rows + '\n');
+  infer(['--template', 'chatml', '--prompts-file', join(work, 'prompts.jsonl'), '--output', join(work, 'out.jsonl'),
+         '--temperature', '0', '--max-new-tokens', '40']);
+  const expected = readFileSync(join(work, 'out.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  for (let i = 0; i < 3; i++) {
+    const r = await chat(prompts[i]);
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.equal(r.choices[0].message.content, expected[i].response, prompts[i]);
+    assert.equal(r.usage.prompt_tokens, expected[i].prompt_tokens);
+    assert.equal(r.usage.completion_tokens, expected[i].completion_tokens);
+    assert.equal(r.usage.total_tokens, expected[i].prompt_tokens + expected[i].completion_tokens);
+    assert.equal(r.choices[0].finish_reason, expected[i].finish_reason === 'length' ? 'length' : 'stop');
+  }
+});
+
+await check('streamed text equals the whole response; role first, usage and [DONE] last', async () => {
+  const whole = await chat(prompts[0], { max_tokens: 60 });
+  const stream = await chat(prompts[0], { max_tokens: 60, stream: true, stream_options: { include_usage: true } });
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  const text = chunks.flatMap((c) => c.choices.map((ch) => ch.delta.content || '')).join('');
+  assert.equal(text, whole.choices[0].message.content);
+  const last = chunks[chunks.length - 1];
+  assert.deepEqual(last.choices, []);
+  assert.deepEqual(last.usage, whole.usage);
+  assert.equal(chunks[chunks.length - 2].choices[0].finish_reason, whole.choices[0].finish_reason);
+  // The raw stream ends with [DONE].
+  const raw = await fetch(`${server.base}/v1/chat/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ messages: [{ role: 'user', content: prompts[0] }], temperature: 0, max_tokens: 10, stream: true }) });
+  assert.equal(raw.headers.get('content-type').split(';')[0], 'text/event-stream');
+  const body = await raw.text();
+  assert.ok(body.endsWith('data: [DONE]\n\n'), body.slice(-80));
+});
+
+await check('a stop string straddling two tokens never leaks into a streamed delta', async () => {
+  // Each streamed delta of a greedy run is one token's text: a stop made of the end of one and the start of the
+  // next straddles them.
+  const deltas0 = [];
+  for await (const c of await chat(prompts[1], { max_tokens: 60, stream: true })) {
+    if (c.choices[0]?.delta?.content) deltas0.push(c.choices[0].delta.content);
+  }
+  const full = deltas0.join('');
+  let stop = null, at = -1;
+  for (let k = 0, pos = 0; k + 1 < deltas0.length; pos += deltas0[k].length, k++) {
+    const a = deltas0[k], b = deltas0[k + 1];
+    for (const [na, nb] of [[2, 2], [2, 1], [1, 2], [1, 1]]) {
+      if (a.length < na || b.length < nb) continue;
+      const candidate = a.slice(-na) + b.slice(0, nb);
+      if (candidate.trim().length < candidate.length) continue;  // no spaces: a clearer case
+      if (full.indexOf(candidate) === pos + a.length - na) { stop = candidate; at = full.indexOf(candidate); break; }
+    }
+    if (stop) break;
+  }
+  assert.ok(stop, `no straddling pair in ${JSON.stringify(deltas0)}`);
+  const cut = full.slice(0, at);
+  const deltas = [];
+  let finish = null;
+  for await (const c of await chat(prompts[1], { max_tokens: 60, stop: [stop], stream: true })) {
+    for (const ch of c.choices) {
+      if (ch.delta.content) deltas.push(ch.delta.content);
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(deltas.join(''), cut, `stop ${JSON.stringify(stop)}`);
+  // No delta ever carried a byte past the cut, not even a first character of the stop held back later.
+  let seen = '';
+  for (const d of deltas) {
+    seen += d;
+    assert.ok(cut.startsWith(seen), `delta ${JSON.stringify(d)} leaks past ${JSON.stringify(cut)}`);
+  }
+  assert.equal(finish, 'stop');
+});
+
+await check('logprobs equal log_softmax of infer --output-logits within 1e-5', async () => {
+  const prompt = 'Once upon a time';
+  const r = await client.completions.create({ model: 'stories', prompt, temperature: 0, max_tokens: 8, logprobs: 20 });
+  const lp = r.choices[0].logprobs;
+  infer(['--template', 'raw', '--prompt', prompt, '--max-new-tokens', '1', '--temperature', '0', '--output-logits',
+         join(work, 'logits.safetensors')]);
+  const t = readSafetensors(join(work, 'logits.safetensors')).logits;
+  const [T, V] = t.shape;
+  const row = logSoftmax(t.data.subarray((T - 1) * V, T * V));
+  const sorted = [...row].sort((a, b) => b - a);
+  assert.ok(Math.abs(lp.token_logprobs[0] - sorted[0]) <= 1e-5, `${lp.token_logprobs[0]} vs ${sorted[0]}`);
+  const top = Object.values(lp.top_logprobs[0]).sort((a, b) => b - a);
+  assert.ok(top.length >= 15 && top.length <= 20);  // tokens with the same text share a key
+  for (let i = 0; i < top.length; i++) assert.ok(sorted.some((x) => Math.abs(x - top[i]) <= 1e-5), `top ${i}: ${top[i]}`);
+  // Every generated token: the logits of the prompt followed by the generated text.
+  const text = r.choices[0].text;
+  infer(['--template', 'raw', '--prompt', prompt + text, '--max-new-tokens', '1', '--temperature', '0', '--output-logits',
+         join(work, 'logits2.safetensors')]);
+  const t2 = readSafetensors(join(work, 'logits2.safetensors')).logits;
+  const P = T;
+  if (t2.shape[0] === P + r.usage.completion_tokens) {
+    for (let k = 0; k < r.usage.completion_tokens; k++) {
+      const row2 = logSoftmax(t2.data.subarray((P - 1 + k) * V, (P + k) * V));
+      const best = Math.max(...row2);
+      assert.ok(Math.abs(lp.token_logprobs[k] - best) <= 1e-5, `token ${k}: ${lp.token_logprobs[k]} vs ${best}`);
+    }
+  }
+  // Chat logprobs: the chosen token and top_logprobs entries with bytes.
+  const c = await chat(prompt, { max_tokens: 3, logprobs: true, top_logprobs: 5 });
+  const entry = c.choices[0].logprobs.content[0];
+  assert.equal(entry.top_logprobs.length, 5);
+  assert.deepEqual(entry.bytes, [...Buffer.from(entry.token, 'utf8')]);
+  assert.ok(Math.abs(entry.logprob - entry.top_logprobs[0].logprob) <= 1e-6);
+});
+
+await check('n: 3 with a seed is reproducible', async () => {
+  const ask = () => chat('Once upon a time', { n: 3, seed: 1234, temperature: 1.0, max_tokens: 30 });
+  const a = await ask(), b = await ask();
+  assert.equal(a.choices.length, 3);
+  assert.deepEqual(a.choices.map((c) => c.message.content), b.choices.map((c) => c.message.content));
+  assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+  assert.ok(new Set(a.choices.map((c) => c.message.content)).size > 1, 'three samples all equal');
+  const other = await chat('Once upon a time', { n: 3, seed: 99, temperature: 1.0, max_tokens: 30 });
+  assert.notDeepEqual(other.choices.map((c) => c.message.content), a.choices.map((c) => c.message.content));
+});
+
+await check('penalties change greedy text and are validated', async () => {
+  const plain = await chat(prompts[0], { max_tokens: 60 });
+  const pen = await chat(prompts[0], { max_tokens: 60, frequency_penalty: 2.0, presence_penalty: 2.0 });
+  assert.notEqual(pen.choices[0].message.content, plain.choices[0].message.content);
+});
+
+await check('8 concurrent streams against --parallel 2 equal their serial outputs; /health within 200 ms', async () => {
+  const serial = [];
+  for (const p of prompts) serial.push((await chat(p, { max_tokens: 120 })).choices[0].message.content);
+  let worst = 0, running = true;
+  const poll = (async () => {
+    while (running) {
+      const t0 = performance.now();
+      const r = await fetch(`${server.base}/health`).catch(() => ({ status: 0 }));
+      if (r.status !== 200) worst = Infinity;
+      worst = Math.max(worst, performance.now() - t0);
+      await new Promise((res) => setTimeout(res, 20));
+    }
+  })();
+  const streamed = await Promise.all(prompts.map(async (p) => {
+    const s = await chat(p, { max_tokens: 120, stream: true });
+    let text = '';
+    for await (const c of s) text += c.choices[0]?.delta?.content || '';
+    return text;
+  })).finally(() => { running = false; });
+  await poll;
+  assert.deepEqual(streamed, serial);
+  assert.ok(worst < 200, `/health took ${worst.toFixed(1)} ms`);
+});
+
+const metric = async (name) => {
+  const text = await (await fetch(`${server.base}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+};
+
+await check('an aborted stream frees its slot within 1 s without disturbing the others', async () => {
+  const other = (await chat(prompts[2], { max_tokens: 200 })).choices[0].message.content;
+  const controller = new AbortController();
+  const doomed = await client.chat.completions.create(
+    { model: 'stories', messages: [{ role: 'user', content: prompts[3] }], temperature: 0, max_tokens: 400,
+      ignore_eos: true, stream: true }, { signal: controller.signal });
+  const survivor = (async () => {
+    const s = await chat(prompts[2], { max_tokens: 200, stream: true });
+    let text = '';
+    for await (const c of s) text += c.choices[0]?.delta?.content || '';
+    return text;
+  })();
+  let n = 0;
+  try {
+    for await (const c of doomed) { if (++n === 3) controller.abort(); }
+  } catch (e) { /* aborted */ }
+  const t0 = Date.now();
+  let freed = false;
+  while (Date.now() - t0 < 1000) {
+    if ((await metric('swiftcpp_requests_running')) <= 1 && (await metric('swiftcpp_requests_waiting')) === 0) {
+      freed = true;
+      break;
+    }
+    await new Promise((res) => setTimeout(res, 20));
+  }
+  assert.equal(await survivor, other);
+  assert.ok(freed, 'the aborted request still holds its slot after 1 s');
+});
+
+await check('malformed requests are answered with their status and no crash', async () => {
+  const post = (path, body, headers = {}) => fetch(`${server.base}${path}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}`, ...headers }, body });
+  const msg = (extra) => JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, ...extra });
+  const cases = [
+    ['truncated JSON', () => post('/v1/chat/completions', '{"messages": [{"role": "user"'), 400],
+    ['{}', () => post('/v1/chat/completions', '{}'), 400],
+    ['empty messages', () => post('/v1/chat/completions', '{"messages": []}'), 400],
+    ['unknown role', () => post('/v1/chat/completions', JSON.stringify({ messages: [{ role: 'wizard', content: 'x' }] })), 400],
+    ['content a number', () => post('/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 5 }] })), 400],
+    ['temperature a string', () => post('/v1/chat/completions', msg({ temperature: 'hot' })), 400],
+    ['temperature 3', () => post('/v1/chat/completions', msg({ temperature: 3 })), 400],
+    ['top_p 0', () => post('/v1/chat/completions', msg({ top_p: 0 })), 400],
+    ['max_tokens -1', () => post('/v1/chat/completions', msg({ max_tokens: -1 })), 400],
+    ['max_tokens 1.5', () => post('/v1/chat/completions', msg({ max_tokens: 1.5 })), 400],
+    ['n 0', () => post('/v1/chat/completions', msg({ n: 0 })), 400],
+    ['n 100', () => post('/v1/chat/completions', msg({ n: 100 })), 400],
+    ['100 stop strings', () => post('/v1/chat/completions', msg({ stop: Array.from({ length: 100 }, (_, i) => `s${i}`) })), 400],
+    ['top_logprobs 21', () => post('/v1/chat/completions', msg({ logprobs: true, top_logprobs: 21 })), 400],
+    ['stream not a bool', () => post('/v1/chat/completions', msg({ stream: 'yes' })), 400],
+    ['response_format json', () => post('/v1/chat/completions', msg({ response_format: { type: 'json_object' } })), 400],
+    ['tools', () => post('/v1/chat/completions', msg({ tools: [{ type: 'function', function: { name: 'f' } }] })), 400],
+    ['prompt longer than the context', () => post('/v1/completions', JSON.stringify({ prompt: 'word '.repeat(2000), max_tokens: 4 })), 400],
+    ['unknown model', () => post('/v1/chat/completions', msg({ model: 'gpt-5' })), 404],
+    ['body over 1 MiB', () => post('/v1/chat/completions', msg({ pad: 'x'.repeat(1100000) })), 413],
+    ['wrong method', () => fetch(`${server.base}/v1/chat/completions`, { headers: { Authorization: `Bearer ${key}` } }), 405],
+    ['wrong route', () => post('/v1/engines', msg({})), 404],
+    ['missing key', () => post('/v1/chat/completions', msg({}), { Authorization: '' }), 401],
+    ['wrong key', () => post('/v1/chat/completions', msg({}), { Authorization: 'Bearer nope' }), 401],
+    ['invalid UTF-8', () => post('/v1/chat/completions', Buffer.concat([Buffer.from('{"messages": [{"role": "user", "content": "'),
+                                                                        Buffer.from([0xc3, 0x28]), Buffer.from('"}]}')])), 400],
+    ['unknown fields are ignored', () => post('/v1/chat/completions', msg({ frobnicate: true, user: 'x' })), 200],
+  ];
+  for (const [name, send, status] of cases) {
+    const r = await send();
+    const body = await r.text();
+    assert.equal(r.status, status, `${name}: ${body.slice(0, 200)}`);
+    if (status !== 200) {
+      const e = JSON.parse(body).error;
+      assert.ok(e && typeof e.message === 'string' && 'type' in e && 'param' in e && 'code' in e, `${name}: ${body}`);
+    }
+  }
+  assert.equal((await fetch(`${server.base}/health`)).status, 200);
+});
+
+await check('20 requests against --max-queue 4: the overflow gets 503 with Retry-After', async () => {
+  const small = await startServer(['--parallel', '2', '--max-queue', '4']);
+  try {
+    const send = () => fetch(`${small.base}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 400, ignore_eos: true, temperature: 0 }) });
+    const answers = await Promise.all(Array.from({ length: 20 }, send));
+    const statuses = answers.map((r) => r.status);
+    await Promise.all(answers.map((r) => r.text()));
+    const ok = statuses.filter((s) => s === 200).length, busy = statuses.filter((s) => s === 503).length;
+    assert.equal(ok + busy, 20, statuses.join(','));
+    assert.ok(ok >= 6 && busy >= 1, statuses.join(','));
+    assert.ok(answers.filter((r) => r.status === 503).every((r) => r.headers.get('retry-after') === '1'));
+    assert.equal((await fetch(`${small.base}/health`)).status, 200);
+  } finally {
+    small.child.kill('SIGKILL');
+  }
+});
+
+await check('200 sequential requests: RSS grows under 32 MiB, no fd or thread leak', async () => {
+  const pid = server.child.pid;
+  const one = (i) => client.completions.create({ model: 'stories', prompt: prompts[i % 8], max_tokens: 16, temperature: 0 });
+  for (let i = 0; i < 20; i++) await one(i);
+  const rss0 = rssKiB(pid), fd0 = fdCount(pid), th0 = threadCount(pid);
+  for (let i = 0; i < 200; i++) await one(i);
+  await new Promise((res) => setTimeout(res, 300));
+  const rss1 = rssKiB(pid), fd1 = fdCount(pid), th1 = threadCount(pid);
+  assert.ok(rss1 - rss0 < 32 * 1024, `RSS ${rss0} -> ${rss1} KiB`);
+  assert.ok(fd1 <= fd0 + 2, `fds ${fd0} -> ${fd1}`);
+  assert.ok(th1 <= th0 + 2, `threads ${th0} -> ${th1}`);
+});
+
+await check('--adapters: a request picks its LoRA adapter by name; adapter and base requests share a batch', async () => {
+  const out = join(work, 'train');
+  const t = spawnSync(bin, ['--threads', threads, 'train', `model=${model}`,
+    `dataset=${join(root, 'tests/data/sft/alpaca_en_demo.json')}#32`, `output_dir=${out}`, 'template=default',
+    'max_length=128', 'per_device_train_batch_size=4', 'max_steps=3', 'save_steps=3', 'lora_rank=4',
+    'lora_alpha=16', 'learning_rate=0.05', 'warmup_steps=0', 'seed=5', 'split_dataset_ratio=0'], { encoding: 'utf8' });
+  assert.equal(t.status, 0, t.stderr);
+  const run = readdirSync(out).filter((d) => !d.startsWith('.'))[0];
+  const ckpt = join(out, run, 'checkpoint-3');
+  writeFileSync(join(work, 'ap.jsonl'), prompts.slice(0, 4).map((p) => JSON.stringify({ prompt: p })).join('\n') + '\n');
+  const expect = (extra) => {
+    infer(['--template', 'raw', '--prompts-file', join(work, 'ap.jsonl'), '--output', join(work, 'ap-out.jsonl'),
+           '--temperature', '0', '--max-new-tokens', '30', ...extra]);
+    return readFileSync(join(work, 'ap-out.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).response);
+  };
+  const base = expect([]), tuned = expect(['--adapters', ckpt]);
+  assert.notDeepEqual(tuned, base);
+  const srv = await startServer(['--parallel', '4', '--adapters', `tuned=${ckpt}`, '--served-model-name', 'base']);
+  try {
+    const c = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0 });
+    assert.deepEqual((await c.models.list()).data.map((m) => [m.id, m.parent ?? null]), [['base', null], ['tuned', 'base']]);
+    const ask = (m, p) => c.completions.create({ model: m, prompt: p, max_tokens: 30, temperature: 0 })
+      .then((r) => r.choices[0].text);
+    const got = await Promise.all(prompts.slice(0, 4).flatMap((p) => [ask('tuned', p), ask('base', p)]));
+    assert.deepEqual(got.filter((_, i) => i % 2 === 0), tuned);
+    assert.deepEqual(got.filter((_, i) => i % 2 === 1), base);
+    const r = await fetch(`${srv.base}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                                         body: JSON.stringify({ model: 'other', prompt: 'x' }) });
+    assert.equal(r.status, 404);
+  } finally {
+    srv.child.kill('SIGKILL');
+  }
+});
+
+await check('SIGTERM exits cleanly', async () => {
+  const code = await new Promise((resolve) => {
+    server.child.on('exit', (c, sig) => resolve(c ?? sig));
+    server.child.kill('SIGTERM');
+    setTimeout(() => resolve('timeout'), 15000);
+  });
+  assert.equal(code, 0, server.log().slice(-2000));
+});
+
+if (server.child.exitCode === null) server.child.kill('SIGKILL');
+rmSync(work, { recursive: true, force: true });
+const failed = results.filter((r) => r[1] !== 'ok');
+console.log(`${results.length - failed.length}/${results.length} passed`);
+process.exit(failed.length ? 1 : 0);
