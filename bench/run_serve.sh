@@ -66,6 +66,8 @@ cp "$SHARED/tokenizers/llama2/tokenizer.model" "$OUT/model/"
 "$BIN" export --model "$OUT/model" --format gguf --quant f32 --output "$OUT/model.gguf" 2>"$OUT/export.log"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/machine.txt"
 
+trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
+
 wait_ready() {  # port
     for _ in $(seq 1 600); do
         if [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/health" || true) == 200 ]]; then return 0; fi
@@ -75,8 +77,10 @@ wait_ready() {  # port
     return 1
 }
 
+PORT=18431
 run_server() {  # name parallel -> JSON lines in $OUT/<name>-<parallel>.json
-    local name=$1 parallel=$2 port=18431 pid requests
+    local name=$1 parallel=$2 port pid requests
+    PORT=$((PORT + 1)); port=$PORT  # a fresh port each run: the last one may linger in TIME_WAIT
     requests=$([[ $parallel == 1 ]] && echo "$SINGLE_REQUESTS" || echo "$REQUESTS")
     if [[ $name == swiftcpp ]]; then
         "$BIN" --threads "$THREADS" deploy --model "$OUT/model.gguf" --tokenizer "$OUT/model" --port $port \
@@ -89,7 +93,7 @@ run_server() {  # name parallel -> JSON lines in $OUT/<name>-<parallel>.json
     wait_ready $port
     node bench/serve_load.mjs --url "http://127.0.0.1:$port" --concurrency "$parallel" --requests "$requests" \
         --max-tokens "$MAX_TOKENS" --model bench | tee "$OUT/$name-$parallel.json"
-    kill -TERM $pid; wait $pid || true
+    kill -TERM "$pid"; wait "$pid" || true
 }
 
 for name in swiftcpp llama-server; do

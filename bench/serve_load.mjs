@@ -3,6 +3,8 @@
 // for exactly MAX_TOKENS tokens (ignore_eos) after a prompt of about PROMPT_WORDS words. Prints one JSON object:
 // aggregate completion tokens/s over the whole run, and the p50/p99 time to first token.
 //   node bench/serve_load.mjs --url http://127.0.0.1:8000 --concurrency 8 --requests 32 --max-tokens 128
+import http from 'node:http';
+
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
   return acc;
@@ -20,31 +22,44 @@ const words = ['once', 'upon', 'a', 'time', 'there', 'was', 'little', 'girl', 'n
                'play', 'in', 'the', 'park', 'with', 'her', 'dog'];
 const prompt = (i) => Array.from({ length: promptWords }, (_, k) => words[(k * 7 + i * 3) % words.length]).join(' ');
 
-async function one(i) {
-  const t0 = performance.now();
-  const r = await fetch(`${url}/v1/completions`, {
-    method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0, ignore_eos: true,
-                           stream: true, stream_options: { include_usage: true } }) });
-  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  let ttft = null, tokens = 0, chunks = 0, buffer = '';
-  const decoder = new TextDecoder();
-  for await (const part of r.body) {
-    buffer += decoder.decode(part, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf('\n\n')) >= 0) {
-      const event = buffer.slice(0, cut).trim();
-      buffer = buffer.slice(cut + 2);
-      if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
-      const chunk = JSON.parse(event.slice(6));
-      if (chunk.usage && chunk.usage.completion_tokens) tokens = chunk.usage.completion_tokens;
-      if (chunk.choices?.[0]?.text) {
-        if (ttft === null) ttft = performance.now() - t0;
-        chunks++;
+// One streamed request on a connection of its own (no keep-alive: llama-server and undici disagree on reusing one).
+function one(i) {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const body = JSON.stringify({ model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0, ignore_eos: true,
+                                  stream: true, stream_options: { include_usage: true } });
+    const req = http.request(`${url}/v1/completions`, {
+      method: 'POST', agent: false,
+      headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) } }, (res) => {
+      if (res.statusCode !== 200) {
+        let text = '';
+        res.on('data', (d) => { text += d; });
+        res.on('end', () => reject(new Error(`HTTP ${res.statusCode}: ${text}`)));
+        return;
       }
-    }
-  }
-  return { ttft, tokens: tokens || chunks, ms: performance.now() - t0 };
+      let ttft = null, tokens = 0, chunks = 0, buffer = '';
+      res.setEncoding('utf8');
+      res.on('data', (part) => {
+        buffer += part;
+        let cut;
+        while ((cut = buffer.indexOf('\n\n')) >= 0) {
+          const event = buffer.slice(0, cut).trim();
+          buffer = buffer.slice(cut + 2);
+          if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+          const chunk = JSON.parse(event.slice(6));
+          if (chunk.usage && chunk.usage.completion_tokens) tokens = chunk.usage.completion_tokens;
+          if (chunk.choices?.[0]?.text) {
+            if (ttft === null) ttft = performance.now() - t0;
+            chunks++;
+          }
+        }
+      });
+      res.on('end', () => resolve({ ttft, tokens: tokens || chunks, ms: performance.now() - t0 }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
 
 let next = 0;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "infer/session.h"
+
 namespace swiftcpp::app {
 
 using CommandRun = std::function<int()>;
@@ -16,6 +18,20 @@ using CommandRun = std::function<int()>;
 struct GlobalOptions {
   int threads = 0;  // 0: the cores this process may use
 };
+
+/// The model a generating command opens: --model, --tokenizer, --template, --device, --dtype.
+struct ModelOptions {
+  std::string model;
+  std::string tokenizer;      // tokenizer folder for a GGUF model
+  std::string chat_template;  // empty: the checkpoint's; "raw": none
+  std::string device = "cpu";
+  std::string dtype = "float32";
+
+  /// What ModelSession::open takes. Throws ConfigError for a bad device or dtype name.
+  SessionOptions session() const;
+};
+/// Registers the ModelOptions flags on `cmd`.
+void add_model_options(CLI::App* cmd, ModelOptions& o);
 
 /// `swiftcpp infer`: generation from a model folder.
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions& globals);

@@ -20,9 +20,7 @@ namespace swiftcpp::app {
 namespace {
 
 struct DeployOptions {
-  std::string model;
-  std::string tokenizer;
-  std::string chat_template;
+  ModelOptions m;
   std::string system;
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -34,8 +32,6 @@ struct DeployOptions {
   int64_t max_model_len = 0;
   int64_t prefill_chunk = 512;
   double drain_seconds = 10;
-  std::string dtype = "float32";
-  std::string device = "cpu";
 };
 
 int run_deploy(const DeployOptions& o) {
@@ -44,12 +40,7 @@ int run_deploy(const DeployOptions& o) {
   if (o.max_model_len < 0) fail<ConfigError>("--max-model-len must be >= 0 (0: the model's context), got {}", o.max_model_len);
   if (o.port < 0 || o.port > 65535) fail<ConfigError>("--port must be in [0, 65535], got {}", o.port);
   if (!(o.drain_seconds >= 0)) fail<ConfigError>("--drain-seconds must be >= 0, got {}", o.drain_seconds);
-  SessionOptions open;
-  open.model = o.model;
-  open.tokenizer = o.tokenizer;
-  open.chat_template = o.chat_template;
-  open.load.device = parse_device(o.device);
-  open.load.dtype = parse_dtype(o.dtype);
+  const SessionOptions open = o.m.session();
 
   // SIGTERM and SIGINT go to one thread that shuts the server down; a client that hangs up mid-write must not
   // kill the process (SIGPIPE).
@@ -69,8 +60,8 @@ int run_deploy(const DeployOptions& o) {
     if (const char* key = std::getenv("SWIFTCPP_API_KEY")) server_options.api_key = key;
   }
   server_options.served_model_name =
-      o.served_model_name.empty() ? fs::path(o.model).lexically_normal().filename().string() : o.served_model_name;
-  if (server_options.served_model_name.empty()) server_options.served_model_name = fs::path(o.model).parent_path().filename().string();
+      o.served_model_name.empty() ? fs::path(o.m.model).lexically_normal().filename().string() : o.served_model_name;
+  if (server_options.served_model_name.empty()) server_options.served_model_name = fs::path(o.m.model).parent_path().filename().string();
   server_options.max_queue = o.max_queue;
   std::vector<std::pair<std::string, std::string>> adapters;
   for (const auto& spec : o.adapters) {
@@ -92,7 +83,7 @@ int run_deploy(const DeployOptions& o) {
   server_options.log = [](const std::string& line) { std::cerr << "[deploy] " << line << std::endl; };
   serve::HttpServer server(server_options);
   const int port = server.start();
-  std::cerr << fmt::format("[deploy] listening on http://{}:{} (loading {})", o.host, port, o.model) << std::endl;
+  std::cerr << fmt::format("[deploy] listening on http://{}:{} (loading {})", o.host, port, o.m.model) << std::endl;
 
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(o.drain_seconds * 1000));
   std::thread signals([&server, stop_signals, grace] {
@@ -137,7 +128,7 @@ int run_deploy(const DeployOptions& o) {
   std::cerr << fmt::format("[deploy] ready: '{}' ({} layers, hidden {}) on {} as {}, {} sequences of up to {} tokens, "
                            "loaded in {:.2f} s",
                            server_options.served_model_name, session->model->config().num_hidden_layers,
-                           session->model->config().hidden_size, o.device, o.dtype, o.parallel, max_len,
+                           session->model->config().hidden_size, o.m.device, o.m.dtype, o.parallel, max_len,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
             << std::endl;
   server.wait();
@@ -150,13 +141,7 @@ int run_deploy(const DeployOptions& o) {
 CommandRun add_deploy_command(CLI::App& root, const GlobalOptions&) {
   auto o = std::make_shared<DeployOptions>();
   CLI::App* cmd = root.add_subcommand("deploy", "Serve a model over an OpenAI-compatible HTTP API (continuous batching)");
-  cmd->add_option("--model", o->model, "Hugging Face model folder, quantized folder, or a .gguf file")
-      ->required()
-      ->check(CLI::ExistingPath);
-  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
-                  "file's folder)")
-      ->check(CLI::ExistingDirectory);
-  cmd->add_option("--template", o->chat_template, "Chat template name (default: the checkpoint's; raw: none)");
+  add_model_options(cmd, o->m);
   cmd->add_option("--system", o->system, "System prompt put before every conversation");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str();
@@ -175,8 +160,6 @@ CommandRun add_deploy_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens prefilled per engine step")->capture_default_str();
   cmd->add_option("--drain-seconds", o->drain_seconds, "On SIGTERM, how long running requests may finish before they "
                   "are cancelled")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   return [o]() { return run_deploy(*o); };
 }
 

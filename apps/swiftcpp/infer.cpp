@@ -27,8 +27,7 @@ namespace swiftcpp::app {
 namespace {
 
 struct InferOptions {
-  std::string model;
-  std::string tokenizer;  // tokenizer folder for a GGUF model
+  ModelOptions m;
   std::string prompt;
   bool has_prompt = false;
   std::string prompts_file;
@@ -43,14 +42,11 @@ struct InferOptions {
   uint64_t seed = 42;
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  std::string device = "cpu";
-  std::string dtype = "float32";
   std::string attention = "auto";
   int64_t batch_size = 8;
   std::string output_logits;
   bool no_stream = false;
   bool echo = false;
-  std::string chat_template;  // empty: the checkpoint's; "raw": none
   std::string system;
   std::string adapters;       // PEFT adapter folder applied on top of the model (not merged)
   std::vector<std::string> images;  // --image, in order (vision-language models)
@@ -298,12 +294,7 @@ int run_infer(const InferOptions& o) {
   if (!o.output.empty()) check_output_file(o.output, "--output");
   if (!o.output_logits.empty()) check_output_file(o.output_logits, "--output-logits");
   nn::set_attention_backend(parse_backend(o.attention));
-  SessionOptions open;
-  open.model = o.model;
-  open.tokenizer = o.tokenizer;
-  open.chat_template = o.chat_template;
-  open.load.device = parse_device(o.device);
-  open.load.dtype = parse_dtype(o.dtype);
+  const SessionOptions open = o.m.session();
   // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
   // Hugging Face folder (--tokenizer, else the file's own folder), checked against the GGUF's vocabulary.
   const auto t0 = std::chrono::steady_clock::now();
@@ -318,13 +309,13 @@ int run_infer(const InferOptions& o) {
               << std::endl;
   }
   auto tokenizer = prompter.tokenizer;
-  std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", o.model,
-                           model->config().num_hidden_layers, model->config().hidden_size, o.device, o.dtype,
+  std::cerr << fmt::format("[loaded {} ({} layers, hidden {}) on {} as {} in {:.2f} s]", o.m.model,
+                           model->config().num_hidden_layers, model->config().hidden_size, o.m.device, o.m.dtype,
                            seconds_since(t0))
             << std::endl;
   Generator gen(model, tokenizer);
   if (!model->config().multimodal && !o.images.empty()) {
-    fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA", o.model,
+    fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA", o.m.model,
                       model->config().model_type);
   }
   const std::vector<fs::path> images(o.images.begin(), o.images.end());
@@ -344,7 +335,7 @@ int run_infer(const InferOptions& o) {
     const std::vector<int64_t> ids = ids_of(encoded);
     const at::Tensor logits = gen.prompt_logits(ids, pixels_of(encoded));  // [T, V]
     save_safetensors(o.output_logits, {{"input_ids", at::tensor(ids, at::kLong)}, {"logits", logits}},
-                     {{"model", o.model}, {"dtype", o.dtype}});
+                     {{"model", o.m.model}, {"dtype", o.m.dtype}});
     std::cerr << fmt::format("[wrote logits [{}, {}] to {}]", logits.size(0), logits.size(1), o.output_logits)
               << std::endl;
   }
@@ -356,15 +347,35 @@ int run_infer(const InferOptions& o) {
 
 }  // namespace
 
+SessionOptions ModelOptions::session() const {
+  SessionOptions open;
+  open.model = model;
+  open.tokenizer = tokenizer;
+  open.chat_template = chat_template;
+  open.load.device = parse_device(device);
+  open.load.dtype = parse_dtype(dtype);
+  return open;
+}
+
+void add_model_options(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("--model", o.model, "Hugging Face model folder (config.json, safetensors, tokenizer), quantized folder, "
+                  "or a .gguf file")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--tokenizer", o.tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
+                  "file's folder)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--template", o.chat_template,
+                  "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, llava, default, raw); default: the "
+                  "checkpoint's, raw text when it has none");
+  cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "float32, bfloat16 or float16")->capture_default_str();
+}
+
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   auto o = std::make_shared<InferOptions>();
   CLI::App* cmd = root.add_subcommand("infer", "Generate text with a model (KV cache, sampling, streaming)");
-  cmd->add_option("--model", o->model, "Hugging Face model folder (config.json, safetensors, tokenizer), or a .gguf file")
-      ->required()
-      ->check(CLI::ExistingPath);
-  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
-                  "file's folder)")
-      ->check(CLI::ExistingDirectory);
+  add_model_options(cmd, o->m);
   cmd->add_option_function<std::string>("--prompt", [o](const std::string& p) { o->prompt = p; o->has_prompt = true; },
                                         "Prompt text (an empty prompt starts from BOS alone)");
   cmd->add_option("--prompts-file", o->prompts_file, "JSONL file of {\"prompt\": ...} rows (or \"messages\"; \"images\" "
@@ -382,17 +393,12 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--stop", o->stop, "Stop string (repeatable; \\n, \\t, \\\\ are unescaped); generation ends before it")
       ->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the EOS token");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();
   cmd->add_option("--attention", o->attention, "auto, math (matmul/softmax) or sdpa (LibTorch 2.x)")
       ->capture_default_str();
   cmd->add_option("--batch-size", o->batch_size, "Prompts per batch with --prompts-file")->capture_default_str();
   cmd->add_option("--output-logits", o->output_logits, "Write the prompt's full logits [T, V] to a safetensors file");
   cmd->add_flag("--no-stream", o->no_stream, "Print the text when done instead of token by token");
   cmd->add_flag("--echo", o->echo, "Print the prompt before the generated text");
-  cmd->add_option("--template", o->chat_template,
-                  "Chat template (chatml, qwen2_5, llama3, llama2, mistral, gemma, phi3, llava, default, raw); default: the "
-                  "checkpoint's, raw text when it has none");
   cmd->add_option("--system", o->system, "System prompt (needs a chat template)");
   cmd->add_option("--adapters", o->adapters, "PEFT LoRA/DoRA adapter folder applied without merging");
   cmd->add_option("--image", o->images, "Image (JPEG or PNG) for a vision-language model, repeatable; each <image> in "

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 
+#include <ATen/Parallel.h>
+
 namespace swiftcpp::serve {
 
 std::vector<Ticket::Event> Ticket::wait(std::chrono::milliseconds timeout) {
@@ -96,6 +98,9 @@ ServiceMetrics Service::metrics() const {
 }
 
 void Service::loop() {
+  // LibTorch's thread settings (OpenMP team size) are per thread: a new thread takes them from set_num_threads only
+  // through init_num_threads, or its forwards run with a default team that fights the configured one for cores.
+  at::init_num_threads();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_work(); });

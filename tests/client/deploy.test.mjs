@@ -37,9 +37,12 @@ async function check(name, fn) {
 }
 
 // Starts `swiftcpp deploy` on a free port; resolves once /health says 200.
+const children = [];
+process.on('exit', () => { for (const c of children) if (c.exitCode === null) c.kill('SIGKILL'); });
 async function startServer(args) {
   const child = spawn(bin, ['--threads', threads, 'deploy', '--model', model, '--port', '0', ...args],
                       { stdio: ['ignore', 'ignore', 'pipe'] });
+  children.push(child);
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no port after 30 s:\n${log}`)), 30000);
