@@ -249,7 +249,9 @@ TEST(GoldenLlava, OneLoraStepWithTheProjectorMatchesPeft) {
   EXPECT_EQ(trainer.trainables().size(), 32u);
   EXPECT_EQ(trainable, 15616);
   for (const auto& p : trainer.model()->named_parameters(true)) {
-    if (p.key().rfind("vision_tower.", 0) == 0) EXPECT_FALSE(p.value().requires_grad()) << p.key();
+    if (p.key().rfind("vision_tower.", 0) == 0) {
+      EXPECT_FALSE(p.value().requires_grad()) << p.key();
+    }
   }
   const Batch batch = lora_step_batch(f);
   const StepResult r = trainer.step({batch}, 0, 1);

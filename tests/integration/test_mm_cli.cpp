@@ -218,7 +218,9 @@ TEST(MmTrainCli, LoraWithImagesLearnsSavesThePeftLayoutAndResumesExactly) {
     SCOPED_TRACE(signal);
     const fs::path out = base / signal;
     const int code = train_and_signal(data, out, signal, "");
-    if (signal == "TERM") EXPECT_EQ(code, 143);
+    if (signal == "TERM") {
+      EXPECT_EQ(code, 143);
+    }
     ASSERT_FALSE(fs::exists(only_run(out) / "checkpoint-24")) << "the run finished before the signal";
     const auto resumed = run_cli(mm_train_args(data, out, "resume_from_checkpoint=latest"));
     ASSERT_EQ(resumed.code, 0) << resumed.out;
