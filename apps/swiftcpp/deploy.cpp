@@ -59,9 +59,9 @@ int run_deploy(const DeployOptions& o) {
   if (server_options.api_key.empty()) {
     if (const char* key = std::getenv("SWIFTCPP_API_KEY")) server_options.api_key = key;
   }
-  server_options.served_model_name =
-      o.served_model_name.empty() ? fs::path(o.m.model).lexically_normal().filename().string() : o.served_model_name;
-  if (server_options.served_model_name.empty()) server_options.served_model_name = fs::path(o.m.model).parent_path().filename().string();
+  fs::path model_path = fs::path(o.m.model).lexically_normal();
+  if (model_path.filename().empty()) model_path = model_path.parent_path();  // "DIR/"
+  server_options.served_model_name = o.served_model_name.empty() ? model_path.filename().string() : o.served_model_name;
   server_options.max_queue = o.max_queue;
   std::vector<std::pair<std::string, std::string>> adapters;
   for (const auto& spec : o.adapters) {

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/runtime.h"
-#include "data/encode.h"
+#include "infer/session.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {
@@ -16,12 +16,8 @@ Generator::Generator(CausalLM model, std::shared_ptr<const TextTokenizer> tokeni
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)) {}
 
 std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
-  const std::vector<int> ids = tokenize_rendered(*tokenizer_, text);
-  if (!ids.empty()) return std::vector<int64_t>(ids.begin(), ids.end());
-  if (!tokenizer_->specials().bos) {
-    fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
-  }
-  return {static_cast<int64_t>(*tokenizer_->specials().bos)};
+  const std::vector<int> ids = encode_raw_prompt(*tokenizer_, text);
+  return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
 at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const at::Tensor& pixel_values) {

@@ -40,9 +40,7 @@ class Generator {
                                          const GenerationConfig& config, const TextCallback& on_text = {},
                                          const std::vector<at::Tensor>& images = {});
 
-  /// Tokenises raw `text` as training does (tokenize_rendered: special-token strings parsed, BOS when the
-  /// tokenizer adds one); an empty text gives BOS alone.
-  /// Throws ConfigError when the text is empty and the tokenizer has no BOS.
+  /// Raw `text` as encode_raw_prompt (infer/session.h) tokenises it.
   std::vector<int64_t> encode_prompt(const std::string& text) const;
 
   /// Full logits of one prompt without a cache: [T, V] float32 on the CPU; a vision-language model takes the

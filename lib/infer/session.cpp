@@ -60,13 +60,13 @@ EncodedPrompt ModelSession::prompt(const std::string& text, const std::vector<fs
   return {encode_raw(text), {}};
 }
 
-std::vector<int> ModelSession::encode_raw(const std::string& text) const {
-  std::vector<int> ids = tokenize_rendered(*tokenizer, text);
+std::vector<int> encode_raw_prompt(const TextTokenizer& tokenizer, const std::string& text) {
+  std::vector<int> ids = tokenize_rendered(tokenizer, text);
   if (ids.empty()) {
-    if (!tokenizer->specials().bos) {
+    if (!tokenizer.specials().bos) {
       fail<ConfigError>("the prompt is empty and the tokenizer has no BOS token to start from");
     }
-    ids.push_back(*tokenizer->specials().bos);
+    ids.push_back(*tokenizer.specials().bos);
   }
   return ids;
 }

@@ -25,6 +25,11 @@ struct SessionOptions {
   LoadOptions load;
 };
 
+/// Raw text tokenised as training does, never through a chat template: special-token strings parsed, BOS when the
+/// tokenizer adds one; an empty text gives BOS alone. Throws ConfigError when the text is empty and the tokenizer
+/// has no BOS.
+std::vector<int> encode_raw_prompt(const TextTokenizer& tokenizer, const std::string& text);
+
 /// The sampling defaults a checkpoint ships in generation_config.json (do_sample false means greedy), as Hugging
 /// Face generate() and vLLM use them; SamplingParams' own defaults when the file is absent. Throws FormatError
 /// naming the file when it is not valid JSON or a value has the wrong type.
@@ -46,10 +51,8 @@ class ModelSession {
   /// does (special-token strings parsed, BOS when the tokenizer adds one; an empty text gives BOS alone).
   /// Throws ConfigError when a raw text is empty and the tokenizer has no BOS.
   EncodedPrompt prompt(const std::string& text, const std::vector<fs::path>& images = {}) const;
-  /// Raw text tokenised as training does, never through the chat template (a completion prompt): special-token
-  /// strings parsed, BOS when the tokenizer adds one; an empty text gives BOS alone. Throws ConfigError when the
-  /// text is empty and the tokenizer has no BOS.
-  std::vector<int> encode_raw(const std::string& text) const;
+  /// Raw text through encode_raw_prompt (a completion prompt, never through the chat template).
+  std::vector<int> encode_raw(const std::string& text) const { return encode_raw_prompt(*tokenizer, text); }
 
   CausalLM model{nullptr};
   std::shared_ptr<const TextTokenizer> tokenizer;

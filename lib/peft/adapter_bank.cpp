@@ -21,9 +21,9 @@ std::vector<nn::LinearImpl*> linear_layers(CausalLM& model) {
 
 class AdapterBank::Selection : public nn::RowAdapters {
  public:
-  Selection(const AdapterBank& bank, std::vector<int64_t> rows) : bank_(bank), rows_(std::move(rows)) {
-    for (size_t b = 0; b < rows_.size(); ++b) {
-      if (rows_[b] != 0) groups_[rows_[b]].push_back(static_cast<int64_t>(b));
+  Selection(const AdapterBank& bank, const std::vector<int64_t>& rows) : bank_(bank) {
+    for (size_t b = 0; b < rows.size(); ++b) {
+      if (rows[b] != 0) groups_[rows[b]].push_back(static_cast<int64_t>(b));
     }
   }
 
@@ -50,7 +50,6 @@ class AdapterBank::Selection : public nn::RowAdapters {
 
  private:
   const AdapterBank& bank_;
-  std::vector<int64_t> rows_;
   std::map<int64_t, std::vector<int64_t>> groups_;  // adapter -> its batch rows
 };
 
@@ -87,7 +86,7 @@ std::unique_ptr<nn::RowAdapters> AdapterBank::select(std::vector<int64_t> adapte
   for (int64_t a : adapter_of_row) {
     if (a < 0 || a > count_) fail<ConfigError>("adapter index {} is outside [0, {}]", a, count_);
   }
-  return std::make_unique<Selection>(*this, std::move(adapter_of_row));
+  return std::make_unique<Selection>(*this, adapter_of_row);
 }
 
 }  // namespace swiftcpp

@@ -48,11 +48,6 @@ Service::Service(std::unique_ptr<Engine> engine, int64_t max_waiting)
 
 Service::~Service() { drain(std::chrono::milliseconds(0)); }
 
-int64_t Service::in_flight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(live_.size() + inbox_.size());
-}
-
 std::shared_ptr<Ticket> Service::submit(std::vector<SequenceRequest> sequences) {
   auto ticket = std::make_shared<Ticket>(sequences.size());
   {

@@ -76,7 +76,6 @@ class Service {
   void drain(std::chrono::milliseconds grace);
 
   ServiceMetrics metrics() const;
-  int64_t in_flight() const;
   const Engine& engine() const { return *engine_; }
 
  private:

@@ -245,7 +245,7 @@ await check('n: 3 with a seed is reproducible', async () => {
   assert.notDeepEqual(other.choices.map((c) => c.message.content), a.choices.map((c) => c.message.content));
 });
 
-await check('penalties change greedy text and are validated', async () => {
+await check('presence and frequency penalties change the greedy text', async () => {
   const plain = await chat(prompts[0], { max_tokens: 60 });
   const pen = await chat(prompts[0], { max_tokens: 60, frequency_penalty: 2.0, presence_penalty: 2.0 });
   assert.notEqual(pen.choices[0].message.content, plain.choices[0].message.content);
