@@ -1,5 +1,6 @@
 // `swiftcpp train --recipe R.yaml [key=value ...]`: supervised fine-tuning (full, LoRA, DoRA), and
-// `swiftcpp rlhf --recipe R.yaml [key=value ...]`: preference training (dpo, kto, orpo, cpo, simpo, rm), both with
+// `swiftcpp rlhf --recipe R.yaml [key=value ...]`: preference training (dpo, kto, orpo, cpo, simpo, rm) and online
+// RL (grpo), both with
 // checkpoints, exact resume, several processes and a clean stop on SIGINT/SIGTERM.
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "apps/swiftcpp/commands.h"
 #include "apps/swiftcpp/launch.h"
 #include "core/progress.h"
+#include "train/grpo.h"
 #include "train/rlhf.h"
 #include "train/run.h"
 #include "train/tune_chunks.h"
@@ -75,13 +77,19 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
     }
   }
   const TrainConfig config = load_train_config(o.recipe, o.overrides, o.rlhf ? rlhf_defaults() : TrainConfig{});
-  if (o.rlhf) preference_options(config);  // a key that does not fit the method is refused before anything starts
+  if (o.rlhf) {  // a key that does not fit the method is refused before anything starts
+    if (config.rlhf_type == "grpo") {
+      grpo_options(config);
+    } else {
+      preference_options(config);
+    }
+  }
   if (o.print_config) {
     std::cout << train_config_schema().dump(config).dump(2) << std::endl;
     return 0;
   }
   if (o.tune_chunks) {
-    if (o.rlhf) fail<ConfigError>("--tune-chunks tunes ChunkFlow, which preference training does not use");
+    if (o.rlhf) fail<ConfigError>("--tune-chunks tunes ChunkFlow, which rlhf training does not use");
     return run_tune(config, o.tune);
   }
   // The launcher: the recipe was checked above; the workers read it again.
@@ -94,7 +102,9 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
   hooks.columns = terminal_columns(stderr);
   hooks.stop = &g_stop;
   hooks.command_line = command_line;
-  const TrainResult result = o.rlhf ? run_rlhf(config, hooks) : run_training(config, hooks);
+  const TrainResult result = !o.rlhf                     ? run_training(config, hooks)
+                             : config.rlhf_type == "grpo" ? run_grpo(config, hooks)
+                                                          : run_rlhf(config, hooks);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   const char* rank = std::getenv("RANK");
@@ -110,8 +120,9 @@ namespace {
 CommandRun add_training_command(CLI::App& root, const std::vector<std::string>& argv, bool rlhf) {
   auto o = std::make_shared<TrainOptions>();
   o->rlhf = rlhf;
-  CLI::App* cmd = rlhf ? root.add_subcommand("rlhf", "Preference training from a YAML recipe: rlhf_type dpo, kto, "
-                                                     "orpo, cpo, simpo or rm (full, LoRA, DoRA, QLoRA)")
+  CLI::App* cmd = rlhf ? root.add_subcommand("rlhf", "Preference training and online RL from a YAML recipe: "
+                                                     "rlhf_type dpo, kto, orpo, cpo, simpo, rm or grpo (full, "
+                                                     "LoRA, DoRA, QLoRA)")
                        : root.add_subcommand("train", "Fine-tune a model (full, LoRA or DoRA) from a YAML recipe");
   cmd->add_option("--recipe", o->recipe, "YAML recipe (see recipes/ and docs/recipes.md)")->check(CLI::ExistingFile);
   cmd->add_option("overrides", o->overrides, "key=value overrides applied after the recipe (e.g. max_steps=10)");

@@ -185,6 +185,32 @@ class ConfigSchema {
     return *this;
   }
 
+  /// A list of finite numbers; a single scalar is a one-element list.
+  ConfigSchema& numbers(const std::string& key, std::vector<double> T::*member, const std::string& help) {
+    fields_.push_back({key, "list of numbers", help,
+                       [=](void* o, const YAML::Node& n, const std::string& where) {
+                         std::vector<double> v;
+                         const auto add = [&](const YAML::Node& e) {
+                           double x = 0;
+                           if (!e.IsScalar() || !YAML::convert<double>::decode(e, x) || !std::isfinite(x)) {
+                             fail<ConfigError>("{}: '{}' must hold finite numbers, got {}", where, key,
+                                               config_detail::describe(e));
+                           }
+                           v.push_back(x);
+                         };
+                         if (n.IsScalar()) {
+                           add(n);
+                         } else if (n.IsSequence()) {
+                           for (const auto& e : n) add(e);
+                         } else if (!n.IsNull()) {
+                           fail<ConfigError>("{}: '{}' must be a number or a list of numbers", where, key);
+                         }
+                         static_cast<T*>(o)->*member = v;
+                       },
+                       [=](const void* o) { return Json(static_cast<const T*>(o)->*member); }});
+    return *this;
+  }
+
   /// Applies a YAML recipe file (a mapping of known keys) to `object`. Throws IoError when unreadable,
   /// FormatError on invalid YAML (file:line), ConfigError on an unknown key (with the closest valid one), a wrong
   /// type or an out-of-range value (file:line and key).

@@ -461,17 +461,6 @@ Task load_hellaswag(const std::string& name, const fs::path& path, const TaskOpt
 // ---------------------------------------------------------------------------------------------------------
 // GSM8K: {question, answer: "... #### N"}.
 
-GenerationSpec gsm8k_spec() {
-  GenerationSpec g;
-  g.stop = {"Question:", "</s>", "<|im_end|>"};
-  g.max_new_tokens = 256;
-  g.filters = {{"strict-match", "#### (\\-?[0-9\\.\\,]+)", 0, "[invalid]"},
-               {"flexible-extract", "(-?[$0-9.,]{2,})|(-?[0-9]+)", -1, "[invalid]"}};
-  g.ignore_regexes = {",", "\\$", "(?s).*#### ", "\\.$"};
-  g.ignore_case = true;
-  return g;
-}
-
 Task load_gsm8k(const std::string& name, const fs::path& path, const TaskOptions& options) {
   struct Row {
     std::string question, answer, where;
@@ -777,6 +766,17 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
 }
 
 }  // namespace
+
+GenerationSpec gsm8k_spec() {
+  GenerationSpec g;
+  g.stop = {"Question:", "</s>", "<|im_end|>"};
+  g.max_new_tokens = 256;
+  g.filters = {{"strict-match", "#### (\\-?[0-9\\.\\,]+)", 0, "[invalid]"},
+               {"flexible-extract", "(-?[$0-9.,]{2,})|(-?[0-9]+)", -1, "[invalid]"}};
+  g.ignore_regexes = {",", "\\$", "(?s).*#### ", "\\.$"};
+  g.ignore_case = true;
+  return g;
+}
 
 // ---------------------------------------------------------------------------------------------------------
 

@@ -83,6 +83,11 @@ struct TaskOptions {
   uint64_t seed = 1234;            // few-shot sampling where examples come from the evaluated split
 };
 
+/// GSM8K's generation settings as lm-eval's gsm8k task has them: stops, 256 new tokens, the strict-match ("#### N")
+/// and flexible-extract (last number) filters and the exact-match normalisation (commas, "$", the reasoning before
+/// "#### " and a final "." removed; case ignored).
+GenerationSpec gsm8k_spec();
+
 /// The built-in task names: mmlu (and mmlu_<subject>), arc_easy, arc_challenge, hellaswag, gsm8k, perplexity.
 std::vector<std::string> builtin_task_names();
 

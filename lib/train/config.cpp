@@ -90,10 +90,11 @@ ConfigSchema<TrainConfig> make_schema() {
       .integer("max_steps", &C::max_steps, "optimizer steps (overrides num_train_epochs when > 0)", -1, kMaxInt)
       .integer("seed", &C::seed, "seed of adapter init, data order and dropout", 0, kMaxInt)
       .string("rlhf_type", &C::rlhf_type, "swiftcpp rlhf: the preference method (empty: supervised fine-tuning)",
-              {"", "dpo", "kto", "orpo", "cpo", "simpo", "rm"})
-      .optional_number("beta", &C::beta, "rlhf: strength of the implicit reward / KL (null: 0.1; 2.0 with simpo)", 0.0)
+              {"", "dpo", "kto", "orpo", "cpo", "simpo", "rm", "grpo"})
+      .optional_number("beta", &C::beta, "rlhf: strength of the implicit reward / KL (null: 0.1; 2.0 with simpo; "
+                       "0.04 with grpo)", 0.0)
       .string("loss_type", &C::loss_type, "rlhf: sigmoid|ipo|hinge|robust (dpo), sigmoid|hinge|ipo|simpo (cpo, "
-              "simpo), kto (kto); empty: the method's default")
+              "simpo), kto (kto), grpo|bnpo|dr_grpo|dapo (grpo); empty: the method's default")
       .number("label_smoothing", &C::label_smoothing, "rlhf dpo/cpo/simpo: conservative DPO's label noise", 0.0, 0.5)
       .optional_number("rpo_alpha", &C::rpo_alpha, "rlhf dpo: weight of RPO (adds the chosen answers' NLL; null: off)", 0.0)
       .boolean("reference_free", &C::reference_free, "rlhf dpo: ignore the reference model (a uniform one)")
@@ -109,6 +110,45 @@ ConfigSchema<TrainConfig> make_schema() {
                "computed once before training (no reference forward per step, no reference copy kept)")
       .integer("max_prompt_length", &C::max_prompt_length, "rlhf with truncation_strategy left/right: prompt tokens "
                "kept (0: max_length / 2)", 0, kMaxInt)
+      .integer("num_generations", &C::num_generations, "rlhf grpo: completions sampled per prompt (G)", 2, 1 << 16)
+      .integer("max_completion_length", &C::max_completion_length, "rlhf grpo: new tokens per completion", 1, kMaxInt)
+      .number("temperature", &C::temperature, "rlhf grpo: rollout sampling temperature (also scales the loss's "
+              "log-probabilities)", 1e-6, 100.0)
+      .number("top_p", &C::top_p, "rlhf grpo: rollout nucleus sampling (1: off)", 1e-6, 1.0)
+      .integer("top_k", &C::top_k, "rlhf grpo: rollout top-k sampling (0: off)", 0, kMaxInt)
+      .number("repetition_penalty", &C::repetition_penalty, "rlhf grpo: rollout repetition penalty (1: off)", 1e-6, 100.0)
+      .number("epsilon", &C::epsilon, "rlhf grpo: clip range of the probability ratio (lower side)", 0.0, 1.0)
+      .optional_number("epsilon_high", &C::epsilon_high, "rlhf grpo: upper clip range (null: epsilon; DAPO's "
+                       "clip-higher uses e.g. 0.28)", 0.0)
+      .string("scale_rewards", &C::scale_rewards, "rlhf grpo: advantages divided by the std of their group, of the "
+              "whole batch, or not at all", {"group", "batch", "none"})
+      .integer("num_iterations", &C::num_iterations, "rlhf grpo: optimizer steps per rollout batch (mu)", 1, 1 << 16)
+      .boolean("mask_truncated_completions", &C::mask_truncated_completions, "rlhf grpo: completions that reached "
+               "max_completion_length without EOS count no token in the loss")
+      .strings("reward_funcs", &C::reward_funcs, "rlhf grpo: accuracy, format, soft_overlong, repetition, cosine, "
+               "external:COMMAND (JSON lines in, one number per line out)")
+      .numbers("reward_weights", &C::reward_weights, "rlhf grpo: one weight per reward function (empty: all 1)")
+      .number("reward_timeout", &C::reward_timeout, "rlhf grpo: seconds an external reward command may take per "
+              "batch", 0.001, 1e7)
+      .boolean("log_completions", &C::log_completions, "rlhf grpo: write prompts, completions and rewards to "
+               "completions.jsonl every logging_steps steps")
+      .integer("soft_max_length", &C::soft_max_length, "rlhf grpo soft_overlong: length where the penalty reaches -1 "
+               "(0: max_completion_length)", 0, kMaxInt)
+      .integer("soft_cache_length", &C::soft_cache_length, "rlhf grpo soft_overlong: tokens before soft_max_length "
+               "where the penalty grows from 0", 0, kMaxInt)
+      .integer("repetition_n_grams", &C::repetition_n_grams, "rlhf grpo repetition: n-gram size (words)", 1, 1 << 16)
+      .number("repetition_max_penalty", &C::repetition_max_penalty, "rlhf grpo repetition: reward of a completion "
+              "made of one repeated n-gram", -1e6, 0.0)
+      .number("cosine_min_len_value_wrong", &C::cosine_min_len_value_wrong, "rlhf grpo cosine: reward of a wrong "
+              "answer of length 0")
+      .number("cosine_max_len_value_wrong", &C::cosine_max_len_value_wrong, "rlhf grpo cosine: reward of a wrong "
+              "answer of length cosine_max_len")
+      .number("cosine_min_len_value_correct", &C::cosine_min_len_value_correct, "rlhf grpo cosine: reward of a "
+              "correct answer of length 0")
+      .number("cosine_max_len_value_correct", &C::cosine_max_len_value_correct, "rlhf grpo cosine: reward of a "
+              "correct answer of length cosine_max_len")
+      .integer("cosine_max_len", &C::cosine_max_len, "rlhf grpo cosine: length scale (0: max_completion_length)", 0,
+               kMaxInt)
       .string("output_dir", &C::output_dir, "runs are written to output_dir/vN-YYYYMMDD-HHMMSS/")
       .integer("logging_steps", &C::logging_steps, "log every N steps", 1, kMaxInt)
       .integer("save_steps", &C::save_steps, "save a checkpoint every N steps", 1, kMaxInt)
@@ -141,6 +181,27 @@ TrainConfig load_train_config(const std::string& recipe, const std::vector<std::
   return config;
 }
 
+std::vector<std::pair<std::string, bool>> grpo_keys_given(const TrainConfig& c) {
+  const TrainConfig d;
+  return {{"num_generations", c.num_generations != d.num_generations},
+          {"max_completion_length", c.max_completion_length != d.max_completion_length},
+          {"temperature", c.temperature != d.temperature}, {"top_p", c.top_p != d.top_p},
+          {"top_k", c.top_k != d.top_k}, {"repetition_penalty", c.repetition_penalty != d.repetition_penalty},
+          {"epsilon", c.epsilon != d.epsilon}, {"epsilon_high", c.epsilon_high.has_value()},
+          {"scale_rewards", c.scale_rewards != d.scale_rewards}, {"num_iterations", c.num_iterations != d.num_iterations},
+          {"mask_truncated_completions", c.mask_truncated_completions}, {"reward_funcs", !c.reward_funcs.empty()},
+          {"reward_weights", !c.reward_weights.empty()}, {"reward_timeout", c.reward_timeout != d.reward_timeout},
+          {"log_completions", c.log_completions}, {"soft_max_length", c.soft_max_length != d.soft_max_length},
+          {"soft_cache_length", c.soft_cache_length != d.soft_cache_length},
+          {"repetition_n_grams", c.repetition_n_grams != d.repetition_n_grams},
+          {"repetition_max_penalty", c.repetition_max_penalty != d.repetition_max_penalty},
+          {"cosine_min_len_value_wrong", c.cosine_min_len_value_wrong != d.cosine_min_len_value_wrong},
+          {"cosine_max_len_value_wrong", c.cosine_max_len_value_wrong != d.cosine_max_len_value_wrong},
+          {"cosine_min_len_value_correct", c.cosine_min_len_value_correct != d.cosine_min_len_value_correct},
+          {"cosine_max_len_value_correct", c.cosine_max_len_value_correct != d.cosine_max_len_value_correct},
+          {"cosine_max_len", c.cosine_max_len != d.cosine_max_len}};
+}
+
 void validate_train_config(const TrainConfig& c) {
   if (c.model.empty()) fail<ConfigError>("'model' is required: a Hugging Face checkpoint folder");
   if (c.dataset.empty()) fail<ConfigError>("'dataset' is required: one or more data files (path or path#N)");
@@ -161,6 +222,14 @@ void validate_train_config(const TrainConfig& c) {
         {"precompute_ref_log_probs", c.precompute_ref_log_probs}, {"max_prompt_length", c.max_prompt_length != 0}};
     for (const auto& [key, given] : set) {
       if (given) fail<ConfigError>("'{}' is a preference-training key: set rlhf_type and run 'swiftcpp rlhf'", key);
+    }
+  }
+  if (c.rlhf_type != "grpo") {  // the online-RL keys belong to rlhf_type grpo alone
+    for (const auto& [key, given] : grpo_keys_given(c)) {
+      if (given) {
+        fail<ConfigError>("'{}' is a GRPO key: it applies to rlhf_type grpo (run 'swiftcpp rlhf' with rlhf_type: grpo)",
+                          key);
+      }
     }
   }
   if (c.quant_bits != 0 && c.quant_bits != 4 && c.quant_bits != 8) {

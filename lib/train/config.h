@@ -95,6 +95,33 @@ struct TrainConfig {
   bool precompute_ref_log_probs = false;     // reference log-probabilities computed once before training
   int64_t max_prompt_length = 0;             // truncation left/right: prompt tokens kept (0: max_length / 2)
 
+  // Online RL (`swiftcpp rlhf` with rlhf_type grpo; ms-swift's GRPO arguments). per_device_train_batch_size counts
+  // completions; beta (unset) is 0.04 and loss_type (empty) grpo here.
+  int64_t num_generations = 8;               // G: completions sampled per prompt
+  int64_t max_completion_length = 512;       // new tokens per completion
+  double temperature = 0.9;                  // rollout sampling (and the log-probabilities of the loss)
+  double top_p = 0.9;
+  int64_t top_k = 50;                        // 0: off
+  double repetition_penalty = 1.0;
+  double epsilon = 0.2;                      // ratio clip, lower side
+  std::optional<double> epsilon_high;        // ratio clip, upper side (unset: epsilon)
+  std::string scale_rewards = "group";       // group | batch | none
+  int64_t num_iterations = 1;                // optimizer steps per rollout batch (old log-probs when > 1)
+  bool mask_truncated_completions = false;   // completions without EOS count no token
+  std::vector<std::string> reward_funcs;     // accuracy | format | soft_overlong | repetition | cosine | external:CMD
+  std::vector<double> reward_weights;        // one per reward function (empty: all 1)
+  double reward_timeout = 300;               // external reward commands: seconds per batch
+  bool log_completions = false;              // completions.jsonl every logging_steps steps
+  int64_t soft_max_length = 0;               // soft_overlong: 0 = max_completion_length
+  int64_t soft_cache_length = 0;             // soft_overlong: the penalised stretch before soft_max_length
+  int64_t repetition_n_grams = 3;
+  double repetition_max_penalty = -1.0;
+  double cosine_min_len_value_wrong = -0.5;
+  double cosine_max_len_value_wrong = 0.0;
+  double cosine_min_len_value_correct = 1.0;
+  double cosine_max_len_value_correct = 0.5;
+  int64_t cosine_max_len = 0;                // cosine: 0 = max_completion_length
+
   // Outputs
   std::string output_dir = "output";
   int64_t logging_steps = 5;
@@ -120,6 +147,9 @@ TrainConfig rlhf_defaults();
 
 /// Checks what single-field ranges cannot: combinations and required keys. Throws ConfigError.
 void validate_train_config(const TrainConfig& config);
+
+/// Each GRPO key with whether `config` sets it (differs from its default), in declaration order.
+std::vector<std::pair<std::string, bool>> grpo_keys_given(const TrainConfig& config);
 
 /// The batching mode in effect: `batching`, or "packing" when the ms-swift key packing is true.
 std::string effective_batching(const TrainConfig& config);

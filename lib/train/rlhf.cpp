@@ -105,19 +105,26 @@ at::Tensor reward_scores(CausalLM& model, const at::Tensor& hidden, const at::Te
   return score->forward(rows).squeeze(1).to(at::kFloat);  // [R]
 }
 
-HeadLogps head_logps(CausalLM& model, const at::Tensor& hidden, const at::Tensor& targets, bool logit_sums) {
+HeadLogps head_logps(CausalLM& model, const at::Tensor& hidden, const at::Tensor& targets, bool logit_sums,
+                     double temperature, bool entropy) {
   const int64_t R = targets.size(0), T = targets.size(1);
   const at::Tensor flat = targets.to(hidden.device(), at::kLong).reshape({R * T});  // [R*T]
   const at::Tensor index = flat.ne(kIgnoreIndex).nonzero().squeeze(1);              // [N]
   // The head only where a target is: [N, D] -> logits [N, V] -> log-softmax in float32 -> [N]
   const at::Tensor rows = model->logits(hidden.reshape({R * T, hidden.size(-1)}).index_select(0, index));
-  const at::Tensor picked =
-      at::log_softmax(rows, -1, at::kFloat).gather(1, flat.index_select(0, index).unsqueeze(1)).squeeze(1);
+  const at::Tensor scaled = temperature == 1.0 ? rows : rows.to(at::kFloat) / temperature;  // [N, V]
+  const at::Tensor log_probs = at::log_softmax(scaled, -1, at::kFloat);                     // [N, V]
+  const at::Tensor picked = log_probs.gather(1, flat.index_select(0, index).unsqueeze(1)).squeeze(1);
   HeadLogps out;
   out.token_logps = at::zeros({R * T}, picked.options()).index_copy(0, index, picked).view({R, T});
   if (logit_sums) {
     const at::Tensor sums = rows.detach().to(at::kFloat).sum(-1);
     out.logit_sums = at::zeros({R * T}, sums.options()).index_copy(0, index, sums).view({R, T});
+  }
+  if (entropy) {  // -sum p log p of the scaled distribution, [N]
+    const at::Tensor lp = log_probs.detach();
+    const at::Tensor h = -(lp.exp() * lp).sum(-1);
+    out.entropy = at::zeros({R * T}, h.options()).index_copy(0, index, h).view({R, T});
   }
   return out;
 }
@@ -129,6 +136,16 @@ SequenceLogps masked_logps(const at::Tensor& token_logps, const at::Tensor& labe
   out.sum = out.token_logps.sum(1);
   out.count = mask.sum(1);
   return out;
+}
+
+CausalLM load_reference_model(const TrainConfig& c, const at::Device& device) {
+  LoadOptions load;
+  load.device = device;
+  load.dtype = parse_dtype(c.torch_dtype);
+  CausalLM ref = load_causal_lm(c.ref_model.empty() ? c.model : c.ref_model, load);
+  ref->eval();
+  for (auto& p : ref->parameters()) p.requires_grad_(false);
+  return ref;
 }
 
 namespace {
@@ -195,15 +212,6 @@ struct MetricSums {
   }
 };
 
-CausalLM load_reference_copy(const TrainConfig& c, const at::Device& device) {
-  LoadOptions load;
-  load.device = device;
-  load.dtype = parse_dtype(c.torch_dtype);
-  CausalLM ref = load_causal_lm(c.ref_model.empty() ? c.model : c.ref_model, load);
-  ref->eval();
-  for (auto& p : ref->parameters()) p.requires_grad_(false);
-  return ref;
-}
 
 std::string preference_data_fingerprint(const TrainConfig& c) {
   return fmt::format("{}|template={}|system={}", tokenizer_files_fingerprint(c.model), c.chat_template, c.system);
@@ -323,7 +331,7 @@ class PreferenceTaskBase : public TrainingTask {
     }
     uses_reference_ = needs_.reference;
     if (uses_reference_ && c.train_type == "full" && !c.precompute_ref_log_probs) {
-      reference_ = load_reference_copy(c, job.device);
+      reference_ = load_reference_model(c, job.device);
     }
     encoder_options_ = encode_options(c);
     chat_template_ = chat_template_for(*job.tokenizer, c.chat_template);
@@ -499,7 +507,7 @@ class PairTask : public PreferenceTaskBase {
     out.sum = at::zeros({static_cast<int64_t>(pairs.size()), 2}, at::kFloat);
     out.count = at::zeros({static_cast<int64_t>(pairs.size()), 2}, at::kLong);
     // Full fine-tuning: a reference copy while computing, freed afterwards (none is kept for the steps).
-    CausalLM ref = job_.config.train_type == "full" ? load_reference_copy(job_.config, job_.device) : CausalLM(nullptr);
+    CausalLM ref = job_.config.train_type == "full" ? load_reference_model(job_.config, job_.device) : CausalLM(nullptr);
     const auto bs = static_cast<size_t>(std::max(job_.config.per_device_train_batch_size,
                                                  job_.config.per_device_eval_batch_size));
     for (size_t i = 0; i < pairs.size(); i += bs) {
@@ -595,7 +603,7 @@ class KtoTask : public PreferenceTaskBase {
   // Reference log-prob sums per example: [n, 2] (completion, KL row).
   at::Tensor precompute(Trainer& trainer, const std::vector<KtoSample>& examples, const std::vector<Sample>& kl) {
     at::Tensor out = at::zeros({static_cast<int64_t>(examples.size()), 2}, at::kFloat);
-    CausalLM ref = job_.config.train_type == "full" ? load_reference_copy(job_.config, job_.device) : CausalLM(nullptr);
+    CausalLM ref = job_.config.train_type == "full" ? load_reference_model(job_.config, job_.device) : CausalLM(nullptr);
     const auto bs = static_cast<size_t>(std::max<int64_t>(2, job_.config.per_device_train_batch_size));
     for (size_t i = 0; i < examples.size(); i += bs) {
       std::vector<const KtoSample*> group;

@@ -35,19 +35,27 @@ void attach_reward_head(CausalLM& model, uint64_t seed);
 /// score at each row's last real position, [R] float32.
 at::Tensor reward_scores(CausalLM& model, const at::Tensor& hidden, const at::Tensor& key_valid);
 
-/// The log-probabilities the preference losses need, computed from hidden states [R, T, D] with the head applied
-/// at the positions of `targets` [R, T] (kIgnoreIndex elsewhere) only: token log p(target) [R, T] float32 (0
-/// elsewhere), and with `logit_sums`, the sum of each such position's logits [R, T] float32, detached (0
-/// elsewhere; for TRL's logits/chosen and logits/rejected).
+/// The log-probabilities the preference and GRPO losses need, computed from hidden states [R, T, D] with the head
+/// applied at the positions of `targets` [R, T] (kIgnoreIndex elsewhere) only: token log p(target) [R, T] float32
+/// (0 elsewhere) of the logits divided by `temperature` (GRPO scores completions at their sampling temperature; 1
+/// divides nothing); with `logit_sums`, the sum of each such position's logits [R, T] float32, detached (0
+/// elsewhere; for TRL's logits/chosen and logits/rejected); with `entropy`, the entropy of each such position's
+/// temperature-scaled distribution [R, T] float32, detached (0 elsewhere).
 struct HeadLogps {
   at::Tensor token_logps;
   at::Tensor logit_sums;
+  at::Tensor entropy;
 };
-HeadLogps head_logps(CausalLM& model, const at::Tensor& hidden, const at::Tensor& targets, bool logit_sums);
+HeadLogps head_logps(CausalLM& model, const at::Tensor& hidden, const at::Tensor& targets, bool logit_sums,
+                     double temperature = 1.0, bool entropy = false);
 
 /// The sequence log-probabilities over the positions where `labels` [R, T] is not kIgnoreIndex, from per-position
 /// values `token_logps` [R, T] (other positions are zeroed), summed as sequence_logps sums them.
 SequenceLogps masked_logps(const at::Tensor& token_logps, const at::Tensor& labels);
+
+/// The frozen reference of a full fine-tune: ref_model (or model) loaded on `device` in torch_dtype, in eval mode,
+/// without gradients. Throws the loader's errors.
+CausalLM load_reference_model(const TrainConfig& config, const at::Device& device);
 
 /// Reference log-probabilities of `batch`'s labels ([R] sums and counts), without autograd: under `reference` when
 /// it is not null, else under `policy` with its LoRA adapters switched off and dropout off (AdaptersDisabled; the

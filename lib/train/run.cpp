@@ -387,10 +387,13 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
   const size_t items = task->size();
 
   const int64_t bs = config.per_device_train_batch_size, ga = config.gradient_accumulation_steps;
-  const int64_t micro_per_epoch = (static_cast<int64_t>(items) + bs - 1) / bs;
+  // A global batch is `per_rank` items (bs x ga unless the task says otherwise) on each of the world's ranks: rank
+  // r takes the r-th run of them; the task may make several steps over one slice (steps_per_slice).
+  const int64_t per_rank = task->items_per_step() > 0 ? task->items_per_step() : bs * ga;
+  const int64_t per_slice = std::max<int64_t>(1, task->steps_per_slice());
   RunState state;
-  // A global batch is bs x ga items on each of the world's ranks: rank r takes the r-th run of bs x ga of it.
-  state.steps_per_epoch = std::max<int64_t>(1, (micro_per_epoch + ga * data_ranks - 1) / (ga * data_ranks));
+  state.steps_per_epoch = per_slice * std::max<int64_t>(1, (static_cast<int64_t>(items) + per_rank * data_ranks - 1) /
+                                                               (per_rank * data_ranks));
   state.total_steps = config.max_steps > 0
                           ? config.max_steps
                           : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.num_train_epochs * state.steps_per_epoch)));
@@ -527,9 +530,10 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
     }
     StepSlice slice;
     slice.order = &order;
-    slice.index = k;
-    slice.first = std::min(items, static_cast<size_t>((k * data_ranks + dp_rank) * bs * ga));
-    slice.last = std::min(items, slice.first + static_cast<size_t>(bs * ga));
+    slice.index = k / per_slice;
+    slice.iteration = k % per_slice;
+    slice.first = std::min(items, static_cast<size_t>((slice.index * data_ranks + dp_rank) * per_rank));
+    slice.last = std::min(items, slice.first + static_cast<size_t>(per_rank));
     slice.global_step = step;
     slice.total_steps = state.total_steps;
     reset_peak_memory(device);
@@ -567,6 +571,9 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
     const bool last_step = global_step == state.total_steps;
     bool stopping = hooks.stop != nullptr && hooks.stop->load();
     if (comm) stopping = comm->all_reduce_sum(std::vector<double>{stopping ? 1.0 : 0.0})[0] > 0;  // all stop together
+    // Between two checkpointable steps (a rollout batch still in use) neither a checkpoint nor a stop happens.
+    const bool boundary = task->checkpointable(global_step);
+    stopping = stopping && boundary;
     if (global_step % config.logging_steps == 0 || last_step || stopping) {
       Json record = {{"loss", window_loss / std::max<int64_t>(1, window_trained)},
                   {"grad_norm", r.grad_norm},
@@ -607,7 +614,7 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
     stats.elapsed_s = elapsed();
     progress.update(global_step, stats);
     if (global_step % eval_every == 0 || last_step) run_eval(global_step);
-    if (global_step % config.save_steps == 0 || last_step || stopping) {
+    if ((global_step % config.save_steps == 0 && boundary) || last_step || stopping) {
       last_saved = save_checkpoint(run_dir, trainer, state, args_json, *task);
       progress.message(fmt::format("saved {}", last_saved.string()));
     }

@@ -63,6 +63,7 @@ struct StepSlice {
   const std::vector<size_t>* order = nullptr;  // the epoch's permutation of the task's items
   int64_t index = 0;                           // the step within its epoch
   size_t first = 0, last = 0;                  // this rank's items: (*order)[first..last)
+  int64_t iteration = 0;                       // which of the task's steps_per_slice() steps over these items
   int64_t global_step = 0;                     // 0-based
   int64_t total_steps = 0;
 };
@@ -83,6 +84,20 @@ class TrainingTask {
     (void)trainer;
     (void)run_dir;
     (void)resumed;
+  }
+  /// Items one rank's step takes (a global batch is this times the data-parallel ranks). The default is
+  /// per_device_train_batch_size x gradient_accumulation_steps; GRPO takes prompts, each giving num_generations
+  /// completions.
+  virtual int64_t items_per_step() const { return -1; }
+  /// Optimizer steps made over the same items, one after another (GRPO's num_iterations reuse one rollout batch);
+  /// StepSlice::iteration counts them.
+  virtual int64_t steps_per_slice() const { return 1; }
+  /// Whether the run may be checkpointed (and so stopped) once `global_step` steps are done: a task that carries
+  /// state from one step to the next (a rollout batch reused for several steps) says no in between, and a stop
+  /// request then waits for the next step that may.
+  virtual bool checkpointable(int64_t global_step) const {
+    (void)global_step;
+    return true;
   }
   /// One optimizer step over this rank's share of the global batch. Every rank calls it for every step.
   virtual StepResult step(Trainer& trainer, const StepSlice& slice) = 0;

@@ -283,5 +283,156 @@ TEST(RlhfCli, KeysThatDoNotFitTheMethodAreRefusedByName) {
   EXPECT_FALSE(fs::exists(base / "rows")) << "a refused run writes nothing";
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// GRPO: the bundled story-name prompts rewarded by the bundled external command (recipes/grpo.yaml's task), small.
+
+std::string grpo_args(const fs::path& out, const std::string& extra = "") {
+  return fmt::format(
+      "--threads 1 rlhf rlhf_type=grpo model={} dataset={} output_dir={} template=raw "
+      "reward_funcs=\"external:sh {}\" num_generations=4 max_completion_length=20 per_device_train_batch_size=4 "
+      "gradient_accumulation_steps=2 max_steps=8 save_steps=2 logging_steps=1 eval_steps=100 lora_rank=4 "
+      "lora_alpha=8 lora_dropout=0 learning_rate=5e-3 seed=3 {}",
+      stories_dir().string(), (source_dir() / "tests/data/grpo/story_names.jsonl").string(), out.string(),
+      (source_dir() / "recipes/rewards/mentions_target.sh").string(), extra);
+}
+
+std::vector<std::string> grpo_values(const fs::path& run) {
+  std::vector<std::string> out;
+  for (const Json& j : records(run)) {
+    for (const char* key : {"loss", "reward", "kl", "clip_ratio", "completions/mean_length", "grad_norm"}) {
+      if (j.contains(key)) out.push_back(fmt::format("{} {} {}", j["global_step"].get<int64_t>(), key, j[key].dump()));
+    }
+  }
+  return out;
+}
+
+// Two iterations per rollout batch, the KL term and completions.jsonl; a SIGTERM right after checkpoint-2 (during
+// step 3, between the two steps of a batch) stops at the batch's end, and the resumed run repeats the uninterrupted
+// one exactly (rollouts included).
+TEST(GrpoCli, LogsTrlMetricsAndResumesExactlyAfterSigterm) {
+  const fs::path base = test::temp_dir("grpo_cli");
+  const std::string extra = "num_iterations=2 beta=0.04 log_completions=true";
+  const auto r = run_cli(grpo_args(base / "straight", extra));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("grpo lora llama"), std::string::npos) << r.out;
+  const fs::path run = only_run_dir(base / "straight");
+  const std::vector<Json> log = records(run);
+  int generation_steps = 0;
+  for (const Json& j : log) {
+    if (!j.contains("loss")) continue;
+    for (const char* key : {"kl", "entropy", "clip_ratio", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                            "time/policy_s", "grad_norm"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << j.dump();
+    }
+    if (j["global_step"].get<int64_t>() % 2 == 1) {  // a rollout step: rewards and the time split
+      ++generation_steps;
+      for (const char* key : {"reward", "reward_std", "rewards/external_sh/mean", "completions/mean_length",
+                              "completions/clipped_ratio", "frac_reward_zero_std", "time/rollout_s",
+                              "time/reward_s", "time/reference_s", "rollout_tokens_per_s"}) {
+        EXPECT_TRUE(j.contains(key)) << key << " in " << j.dump();
+      }
+      // The first step of a batch has ratio 1 exactly: nothing clips.
+      EXPECT_EQ(j["clip_ratio"].get<double>(), 0.0) << j.dump();
+      EXPECT_GE(j["reward"].get<double>(), 0.0);
+      EXPECT_LE(j["reward"].get<double>(), 1.0);
+    }
+  }
+  EXPECT_EQ(generation_steps, 4);
+  // completions.jsonl: every rollout step (logging_steps 1 catches the odd steps), 8 completions each.
+  std::ifstream completions(run / "completions.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(completions, line); ++lines) {
+    const Json j = Json::parse(line);
+    for (const char* key : {"step", "prompt", "completion", "reward", "advantage", "rewards"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << line;
+    }
+  }
+  EXPECT_EQ(lines, 4 * 8);
+  EXPECT_EQ(load_json_file(run / "args.json")["rlhf_type"], "grpo");
+
+  const fs::path out = base / "term";
+  fs::create_directories(out);
+  const std::string cmd = fmt::format(
+      "{} {} >{}/log.txt 2>&1 & pid=$!; "
+      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-2 >/dev/null 2>&1 && break; sleep 0.005; done; "
+      "kill -TERM $pid; wait $pid",
+      SWIFTCPP_BINARY, test::with_test_threads(grpo_args(out, extra)), out.string(), out.string());
+  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 143) << read_text_file(out / "log.txt");
+  const fs::path term_run = only_run_dir(out);
+  ASSERT_FALSE(fs::exists(term_run / "checkpoint-8")) << "the run finished before the signal";
+  // The signal came during step 3 at the latest: the run stopped at the end of that rollout batch.
+  for (int odd : {1, 3, 5, 7}) {
+    EXPECT_FALSE(fs::exists(term_run / fmt::format("checkpoint-{}", odd))) << "a checkpoint inside a rollout batch";
+  }
+  const auto resumed = run_cli(grpo_args(out, extra + " resume_from_checkpoint=latest"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming from"), std::string::npos) << resumed.out;
+  EXPECT_EQ(grpo_values(term_run), grpo_values(run));
+  EXPECT_EQ(read_text_file(term_run / "completions.jsonl"), read_text_file(run / "completions.jsonl"));
+}
+
+// Full fine-tuning with a reference copy, QLoRA, and two processes equal to one with accumulation (each process
+// rolls out its own prompts; the sampling seeds follow the prompts, not the process).
+TEST(GrpoCli, FullQloraAndTwoProcessesEqualOne) {
+  const fs::path base = test::temp_dir("grpo_modes");
+  const auto full = run_cli(grpo_args(base / "full", "train_type=full learning_rate=1e-4 max_steps=2 beta=0.04"));
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_TRUE(fs::exists(only_run_dir(base / "full") / "checkpoint-2" / "model.safetensors"));
+  const auto qlora = run_cli(grpo_args(base / "qlora", "quant_bits=8 quant_group_size=-1 max_steps=2"));
+  ASSERT_EQ(qlora.code, 0) << qlora.out;
+  EXPECT_TRUE(fs::exists(only_run_dir(base / "qlora") / "checkpoint-2" / "adapter_model.safetensors"));
+
+  const std::string common = "max_steps=2 ddp_timeout=30 beta=0.04 scale_rewards=batch";
+  const auto one = run_cli(grpo_args(base / "one", common));
+  ASSERT_EQ(one.code, 0) << one.out;
+  std::string args = grpo_args(base / "two", common + " gradient_accumulation_steps=1");
+  args.replace(args.find(" rlhf "), 6, " rlhf --nproc-per-node 2 ");
+  const auto two = run_cli(args);
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto a = records(only_run_dir(base / "one")), b = records(only_run_dir(base / "two"));
+  std::vector<std::pair<double, double>> la, lb;  // (loss, reward) per step
+  for (const Json& j : a) if (j.contains("loss")) la.emplace_back(j["loss"].get<double>(), j["reward"].get<double>());
+  for (const Json& j : b) if (j.contains("loss")) lb.emplace_back(j["loss"].get<double>(), j["reward"].get<double>());
+  ASSERT_EQ(la.size(), 2u);
+  ASSERT_EQ(lb.size(), 2u);
+  for (size_t i = 0; i < la.size(); ++i) {
+    // The same seeds draw the same tokens: the only difference is the engine's batch (8 rows in one process, 4 in
+    // each of two), whose logits agree up to float32 rounding, far from moving a draw across a probability
+    // boundary; the rewards are 0/1 counts, so their mean is exact.
+    EXPECT_EQ(la[i].second, lb[i].second) << "step " << i + 1 << ": the same completions and rewards";
+    EXPECT_NEAR(la[i].first, lb[i].first, 1e-5 + 1e-5 * std::abs(la[i].first)) << "step " << i + 1;
+  }
+}
+
+TEST(GrpoCli, BadKeysAndAFailingRewardCommandStopWithTheirReason) {
+  const fs::path base = test::temp_dir("grpo_bad");
+  struct Case {
+    std::string args, expected;
+  };
+  const std::vector<Case> cases = {
+      {grpo_args(base / "a", "reward_funcs=[]"), "'reward_funcs' is required"},
+      {grpo_args(base / "b", "reward_weights=[1,2]"), "'reward_weights' has 2 values for 1"},
+      {grpo_args(base / "c", "per_device_train_batch_size=3 gradient_accumulation_steps=1"), "num_generations 4"},
+      {grpo_args(base / "d", "label_smoothing=0.1"), "'label_smoothing' does not apply to rlhf_type grpo"},
+      {grpo_args(base / "e", "num_iterations=2 save_steps=3"), "'save_steps' 3 is not a multiple"},
+      {grpo_args(base / "f", "loss_type=sigmoid"), "'loss_type' sigmoid does not apply"},
+      {grpo_args(base / "g", "reward_funcs=nope"), "unknown reward 'nope'"},
+      {grpo_args(base / "h", "rlhf_type=dpo"), "'num_generations' is a GRPO key"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const auto r = run_cli(c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.expected), std::string::npos) << r.out;
+  }
+  for (const char* dir : {"a", "b", "c", "d", "e", "f", "g", "h"}) EXPECT_FALSE(fs::exists(base / dir)) << dir;
+  const auto crash = run_cli(grpo_args(base / "crash", "reward_funcs='external:echo reward service down >&2; exit 1'"));
+  EXPECT_NE(crash.code, 0);
+  EXPECT_NE(crash.out.find("reward service down"), std::string::npos) << crash.out;
+  EXPECT_NE(crash.out.find("exit status 1"), std::string::npos) << crash.out;
+}
+
 }  // namespace
 }  // namespace swiftcpp
