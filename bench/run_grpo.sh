@@ -15,7 +15,8 @@
 #
 # Environment knobs (defaults in brackets):
 #   BUILD_DIR [build]  RUNS [3]  THREADS [2]  STEPS [4]  PROMPTS [2]  GENERATIONS [8]  NEW [64]
-#   MODEL [bench/models/bench25m]  PYTHON [/usr/bin/python3]
+#   MODEL [bench/models/bench25m]  PYTHON [/usr/bin/python3]  SHARED [../shared/assets] (the Llama 2 tokenizer
+#   bench25m's vocabulary is made for)
 # About 6 minutes on the idle 2-core dev machine.
 set -euo pipefail
 
@@ -30,6 +31,7 @@ GENERATIONS=${GENERATIONS:-8}
 NEW=${NEW:-64}
 MODEL=${MODEL:-bench/models/bench25m}
 PYTHON=${PYTHON:-/usr/bin/python3}
+SHARED=${SHARED:-../shared/assets}
 
 BIN=$BUILD_DIR/bin/swiftcpp
 if [[ ! -x $BIN ]]; then
@@ -54,8 +56,14 @@ if [[ ! -f $MODEL/config.json ]]; then
     "$PYTHON" scripts/make_bench_model.py --out "$MODEL"
 fi
 
+[[ -f $SHARED/tokenizers/llama2/tokenizer.model ]] ||
+    { echo "error: $SHARED/tokenizers/llama2/tokenizer.model not found (bench25m needs a 32000-token tokenizer)" >&2; exit 1; }
+
 OUT=bench/results/grpo-$(date -u +%Y%m%dT%H%M%SZ)
-mkdir -p "$OUT"
+mkdir -p "$OUT/model"
+for f in "$MODEL"/*; do ln -sf "$(realpath "$f")" "$OUT/model/"; done
+cp "$SHARED/tokenizers/llama2/tokenizer.model" "$OUT/model/"
+MODEL=$OUT/model
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/machine.txt"
 DATA=tests/data/grpo/story_names.jsonl
 # The prompts every step of the GRPO job sees, repeated GENERATIONS times, for infer (dataset_shuffle false: the
