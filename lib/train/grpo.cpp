@@ -583,15 +583,7 @@ class GrpoTask : public TrainingTask {
     const auto n = static_cast<int64_t>(items.size()) * G;
     const auto t0 = std::chrono::steady_clock::now();
     if (n > 0) {  // a process whose share of the epoch's last step is empty still joins the collectives below
-      const bool training = model->is_training();
-      model->eval();  // sampled without dropout
-      struct Restore {
-        CausalLM& m;
-        bool training;
-        ~Restore() {
-          if (training) m->train();
-        }
-      } restore{model, training};
+      EvalScope eval_mode(model);  // sampled without dropout
       at::NoGradGuard no_grad;
       Engine& engine = engine_for(model, n);
       ro.tokens.assign(static_cast<size_t>(n), {});
@@ -781,15 +773,7 @@ class GrpoTask : public TrainingTask {
     CausalLM& policy = trainer.model();
     AutocastScope autocast(trainer.autocast(), policy->device());
     if (reference && reference_) return completion_logps(reference_, b, options_.temperature, false).logps;
-    const bool training = policy->is_training();
-    policy->eval();
-    struct Restore {
-      CausalLM& m;
-      bool training;
-      ~Restore() {
-        if (training) m->train();
-      }
-    } restore{policy, training};
+    EvalScope eval_mode(policy);
     if (reference) {
       AdaptersDisabled off(policy);  // LoRA: the base model is the reference
       return completion_logps(policy, b, options_.temperature, false).logps;

@@ -245,15 +245,7 @@ SequenceLogps reference_logps(CausalLM& policy, CausalLM reference, const Batch&
   AutocastScope scope(autocast, policy->device());
   if (reference) return batch_logps(reference, batch);
   // The policy's own base: adapters switched off, dropout off (as TRL runs the reference), mode restored.
-  const bool training = policy->is_training();
-  policy->eval();
-  struct Restore {
-    CausalLM& m;
-    bool training;
-    ~Restore() {
-      if (training) m->train();
-    }
-  } restore{policy, training};
+  EvalScope eval_mode(policy);
   AdaptersDisabled off(policy);
   return batch_logps(policy, batch);
 }

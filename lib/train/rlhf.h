@@ -53,6 +53,22 @@ HeadLogps head_logps(CausalLM& model, const at::Tensor& hidden, const at::Tensor
 /// values `token_logps` [R, T] (other positions are zeroed), summed as sequence_logps sums them.
 SequenceLogps masked_logps(const at::Tensor& token_logps, const at::Tensor& labels);
 
+/// Puts `model` in eval mode (nothing dropped) for its scope, and back in training mode afterwards when it was
+/// training: reference forwards and rollouts run the policy this way.
+class EvalScope {
+ public:
+  explicit EvalScope(CausalLM& model) : model_(model), training_(model->is_training()) { model_->eval(); }
+  ~EvalScope() {
+    if (training_) model_->train();
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  CausalLM& model_;
+  bool training_;
+};
+
 /// The frozen reference of a full fine-tune: ref_model (or model) loaded on `device` in torch_dtype, in eval mode,
 /// without gradients. Throws the loader's errors.
 CausalLM load_reference_model(const TrainConfig& config, const at::Device& device);

@@ -19,6 +19,7 @@
 #include "data/dataset.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
+#include "tests/parity_util.h"
 #include "tests/test_util.h"
 #include "train/grpo.h"
 #include "train/optim.h"
@@ -28,14 +29,15 @@ namespace swiftcpp {
 namespace {
 
 using test::assets;
+using test::expect_close;
+using test::print_parity;
+using test::Tol;
+using test::Worst;
 using test::expect_error;
 using test::json_to_tensor;
 using test::stories_dir;
 
 // |ours - TRL| <= atol + rtol |TRL|, from the reference README's measured float32 noise (OpenBLAS against netlib).
-struct Tol {
-  double rtol, atol;
-};
 constexpr Tol kTokenTol{1e-5, 2e-5};       // per-token log-probs, k3, entropy
 constexpr Tol kLossTol{1e-5, 1e-6};        // losses (the grpo loss with beta 0 is ~1e-8: absolute floor)
 constexpr Tol kMetricTol{1e-5, 1e-6};
@@ -49,21 +51,6 @@ fs::path lora_init_dir() { return assets() / "reference" / "stories260K" / "lora
 const Json& reference() {
   static const Json json = load_json_file(rlhf_dir() / "grpo.json");
   return json;
-}
-
-struct Worst {
-  double abs = 0, rel = 0;
-  void add(double a, double e) {
-    const double d = std::abs(a - e);
-    abs = std::max(abs, d);
-    if (e != 0) rel = std::max(rel, d / std::abs(e));
-  }
-};
-
-void expect_close(double actual, double expected, Tol tol, const std::string& what, Worst& worst) {
-  EXPECT_LE(std::abs(actual - expected), tol.atol + tol.rtol * std::abs(expected))
-      << what << ": ours " << actual << ", TRL " << expected;
-  worst.add(actual, expected);
 }
 
 #define SWIFTCPP_REQUIRE_GRPO()                            \
@@ -195,12 +182,6 @@ void expect_grads(const at::Tensor& loss, const std::vector<TrainableTensor>& te
     }
   }
   expect_close(std::sqrt(sum_sq), norms["total"].get<double>(), tol, what + " |grad| total", worst);
-}
-
-void print_parity(const std::string& name, const std::map<std::string, Worst>& worst) {
-  std::cout << "[parity] " << name << ":";
-  for (const auto& [kind, w] : worst) std::cout << " " << kind << " abs " << w.abs << " rel " << w.rel << ";";
-  std::cout << std::endl;
 }
 
 TEST(GrpoParity, BatchLayoutAndPerTokenLogpsMatchTrl) {

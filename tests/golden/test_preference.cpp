@@ -21,6 +21,7 @@
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "tests/adapter_util.h"
+#include "tests/parity_util.h"
 #include "tests/test_util.h"
 #include "train/optim.h"
 #include "train/preference.h"
@@ -31,6 +32,10 @@ namespace swiftcpp {
 namespace {
 
 using test::assets;
+using test::expect_close;
+using test::print_parity;
+using test::Tol;
+using test::Worst;
 using test::expect_error;
 using test::json_to_tensor;
 using test::stories_dir;
@@ -39,9 +44,6 @@ using test::stories_dir;
 // different order (our decoder and kernels against transformers'). Log-prob sums of up to 64 tokens (down to
 // -316) carry ~5e-5 of that noise, so values that are beta times a difference of sums (rewards, kl) need an
 // absolute floor; losses near 0 too.
-struct Tol {
-  double rtol, atol;
-};
 constexpr Tol kLogpsTol{1e-5, 0};
 constexpr Tol kLossTol{1e-5, 2e-5};
 constexpr Tol kRewardTol{1e-5, 5e-5};
@@ -60,22 +62,7 @@ const Json& reference() {
   return json;
 }
 
-// The worst errors of one kind of value, for the parity report.
-struct Worst {
-  double abs = 0, rel = 0;
-  void add(double actual, double expected) {
-    const double d = std::abs(actual - expected);
-    abs = std::max(abs, d);
-    if (expected != 0) rel = std::max(rel, d / std::abs(expected));
-  }
-};
-
-void expect_close(double actual, double expected, Tol tol, const std::string& what, Worst& worst) {
-  EXPECT_LE(std::abs(actual - expected), tol.atol + tol.rtol * std::abs(expected))
-      << what << ": ours " << actual << ", TRL " << expected;
-  worst.add(actual, expected);
-}
-
+// Every element of a tensor against a JSON list.
 void expect_close(const at::Tensor& actual, const Json& expected, Tol tol, const std::string& what, Worst& worst) {
   const at::Tensor a = actual.detach().to(at::kDouble).reshape({-1});
   ASSERT_EQ(a.numel(), static_cast<int64_t>(expected.size())) << what;
@@ -267,12 +254,6 @@ std::vector<at::Tensor> gradients(const at::Tensor& loss, const std::vector<Trai
   std::vector<at::Tensor> inputs;
   for (const auto& t : tensors) inputs.push_back(t.tensor);
   return torch::autograd::grad({loss}, inputs, {}, /*retain_graph=*/true);
-}
-
-void print_parity(const std::string& name, const std::map<std::string, Worst>& worst) {
-  std::cout << "[parity] " << name << ":";
-  for (const auto& [kind, w] : worst) std::cout << " " << kind << " abs " << w.abs << " rel " << w.rel << ";";
-  std::cout << std::endl;
 }
 
 #define SWIFTCPP_REQUIRE_RLHF()                                  \

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "io/safetensors.h"
 #include "tests/test_util.h"
@@ -404,6 +405,24 @@ TEST(GrpoCli, FullQloraAndTwoProcessesEqualOne) {
     EXPECT_EQ(la[i].second, lb[i].second) << "step " << i + 1 << ": the same completions and rewards";
     EXPECT_NEAR(la[i].first, lb[i].first, 1e-5 + 1e-5 * std::abs(la[i].first)) << "step " << i + 1;
   }
+}
+
+// The shipped demo, shortened to 10 steps: the held-out reward (8 openings the training never sees) rises by more
+// than 0.3 (0.05 to 0.97 on the dev machine).
+TEST(GrpoCli, TheDemoRecipeLearnsToNameItsHeroes) {
+  const fs::path out = test::temp_dir("grpo_demo");
+  // From the source folder, as the recipe's relative paths (model, data, reward command) expect.
+  const auto r = run_cli(fmt::format("--threads 1 rlhf --recipe recipes/grpo.yaml max_steps=10 eval_steps=10 "
+                                     "save_steps=10 output_dir={}", out.string()),
+                         fmt::format("cd '{}' &&", source_dir().string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::map<int64_t, double> eval;
+  for (const Json& j : records(only_run_dir(out))) {
+    if (j.contains("eval_reward")) eval[j["global_step"].get<int64_t>()] = j["eval_reward"].get<double>();
+  }
+  ASSERT_EQ(eval.size(), 2u);
+  EXPECT_LT(eval[0], 0.3);
+  EXPECT_GE(eval[10] - eval[0], 0.3) << "eval_reward " << eval[0] << " -> " << eval[10];
 }
 
 TEST(GrpoCli, BadKeysAndAFailingRewardCommandStopWithTheirReason) {
