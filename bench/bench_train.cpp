@@ -203,6 +203,8 @@ int main(int argc, char** argv) {
     lora.r = o.lora_rank;
     lora.lora_alpha = o.lora_alpha;
     lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    // A mixture of experts (bench-moe): every linear layer but the routers, experts included.
+    if (o.mode == "lora" && probe->config().moe.num_experts > 0) lora.target_modules = {"all-linear"};
     lora.base_model_name_or_path = o.model;
     int64_t n_mm = 0, n_lora = 0;
     for (const auto& item : probe->named_parameters(true)) {

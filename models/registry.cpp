@@ -4,12 +4,33 @@
 
 namespace swiftcpp {
 
+// Family specs, each defined in its file under models/.
+ArchitectureSpec llama_spec();
+ArchitectureSpec mistral_spec();
+ArchitectureSpec qwen2_spec();
+ArchitectureSpec qwen3_spec();
+ArchitectureSpec gemma_spec();   // gemma.cpp
+ArchitectureSpec gemma2_spec();  // gemma.cpp
+ArchitectureSpec starcoder2_spec();
+ArchitectureSpec phi_spec();    // phi.cpp
+ArchitectureSpec phi3_spec();   // phi.cpp
+ArchitectureSpec mixtral_spec();    // moe.cpp
+ArchitectureSpec qwen2_moe_spec();  // moe.cpp
+ArchitectureSpec llava_spec();  // vision-language: CLIP + projector + a text family above
+
 const std::vector<ArchitectureSpec>& architectures() {
   static const std::vector<ArchitectureSpec> list = {
       llama_spec(),
       mistral_spec(),
       qwen2_spec(),
       qwen3_spec(),
+      gemma_spec(),
+      gemma2_spec(),
+      starcoder2_spec(),
+      phi_spec(),
+      phi3_spec(),
+      mixtral_spec(),
+      qwen2_moe_spec(),
       llava_spec(),
   };
   return list;

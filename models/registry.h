@@ -1,5 +1,5 @@
-// THE list of supported architectures. Adding one: a spec file, one line in architectures(), one CMake line,
-// a golden fixture and a recipe (docs/adding-a-model.md).
+// THE list of supported architectures (models/registry.cpp). Adding one: a spec file, its declaration and one line
+// in architectures() there, one CMake line, a golden fixture and its test case (docs/adding-a-model.md).
 #pragma once
 
 #include <string>
@@ -20,13 +20,6 @@ struct ArchitectureSpec {
   std::string description;
   DecoderConfig (*parse_config)(const JsonObject& json);
 };
-
-// Family specs, one file each under models/.
-ArchitectureSpec llama_spec();
-ArchitectureSpec mistral_spec();
-ArchitectureSpec qwen2_spec();
-ArchitectureSpec qwen3_spec();
-ArchitectureSpec llava_spec();  // vision-language: CLIP + projector + a text family above
 
 /// Every supported architecture, in a fixed order.
 const std::vector<ArchitectureSpec>& architectures();

@@ -3,9 +3,10 @@
 
 Usage:
     /usr/bin/python3 scripts/make_bench_model.py --out bench/models/bench25m [--preset bench25m] [--seed 0] [--force]
+    /usr/bin/python3 scripts/make_bench_model.py --out bench/models/bench-moe --preset bench-moe
 
 Output folder:
-    config.json             LlamaForCausalLM config (see PRESETS)
+    config.json             LlamaForCausalLM (bench25m) or MixtralForCausalLM (bench-moe) config (see PRESETS)
     generation_config.json  bos/eos ids, greedy
     model.safetensors       float32 weights, Hugging Face tensor names
 
@@ -15,7 +16,8 @@ Weights (deterministic for a given preset and seed):
     - RMSNorm weights: 1 + 0.1 * rng.standard_normal(shape, dtype=float32)
       (norms are perturbed away from 1 on purpose, so that a missing or misplaced norm weight changes outputs)
     Order: model.embed_tokens.weight; for each layer i: input_layernorm, self_attn.{q,k,v,o}_proj,
-    post_attention_layernorm, mlp.{gate,up,down}_proj; then model.norm.weight, lm_head.weight (when untied).
+    post_attention_layernorm, mlp.{gate,up,down}_proj (bench-moe: block_sparse_moe.gate, then each expert's
+    w1, w2, w3); then model.norm.weight, lm_head.weight (when untied).
 
 No tokenizer is written: the benchmarks feed token ids directly.
 
@@ -54,6 +56,31 @@ PRESETS = {
         "mlp_bias": False,
         "torch_dtype": "float32",
     },
+    # bench25m with each MLP replaced by 8 experts of half its width, 2 active per token: the same active
+    # parameters per token (2 x 704 = 1408 FFN columns), 4x the FFN weights.
+    "bench-moe": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 512,
+        "intermediate_size": 704,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": True,
+        "torch_dtype": "float32",
+    },
 }
 
 GENERATOR = "swiftcpp scripts/make_bench_model.py v1"
@@ -79,10 +106,20 @@ def tensor_specs(cfg):
             (p + "self_attn.v_proj.weight", (kv_out, d), "matrix"),
             (p + "self_attn.o_proj.weight", (d, q_out), "matrix"),
             (p + "post_attention_layernorm.weight", (d,), "norm"),
-            (p + "mlp.gate_proj.weight", (f, d), "matrix"),
-            (p + "mlp.up_proj.weight", (f, d), "matrix"),
-            (p + "mlp.down_proj.weight", (d, f), "matrix"),
         ]
+        if "num_local_experts" in cfg:  # Mixtral: router, then each expert's w1 (gate), w2 (down), w3 (up)
+            e = cfg["num_local_experts"]
+            specs.append((p + "block_sparse_moe.gate.weight", (e, d), "matrix"))
+            for j in range(e):
+                q = p + "block_sparse_moe.experts.%d." % j
+                specs += [(q + "w1.weight", (f, d), "matrix"), (q + "w2.weight", (d, f), "matrix"),
+                          (q + "w3.weight", (f, d), "matrix")]
+        else:
+            specs += [
+                (p + "mlp.gate_proj.weight", (f, d), "matrix"),
+                (p + "mlp.up_proj.weight", (f, d), "matrix"),
+                (p + "mlp.down_proj.weight", (d, f), "matrix"),
+            ]
     specs.append(("model.norm.weight", (d,), "norm"))
     if not cfg["tie_word_embeddings"]:
         specs.append(("lm_head.weight", (v, d), "matrix"))

@@ -103,7 +103,7 @@ int run_quantize(const QuantizeOptions& o, int threads) {
   const std::string blocks = model->language_model_prefix() + "model.layers.";
   for (const auto& item : model->named_modules("", false)) {
     auto* linear = item.value()->as<nn::Linear>();
-    if (linear == nullptr || item.key().rfind(blocks, 0) != 0) continue;
+    if (linear == nullptr || item.key().rfind(blocks, 0) != 0 || model->is_router(item.key())) continue;
     checked_group_size(linear->out_features(), linear->in_features(), spec, item.key());
   }
   std::string detail;

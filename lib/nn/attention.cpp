@@ -17,12 +17,21 @@ std::atomic<bool> g_recompute{true};
 
 // Explicit path. Query heads of one K/V group are laid side by side so one batched matmul per group serves
 // them all without copying K/V: q [B, Hkv, G*T, Dh] @ k^T [B, Hkv, Dh, S].
-at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          const ScoreOptions& score) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
   const int64_t Hkv = k.size(1), S = k.size(2), G = H / Hkv;
   const at::Tensor qg = q.contiguous().view({B, Hkv, G * T, Dh});
   at::Tensor scores = at::matmul(qg, k.transpose(-1, -2));  // [B, Hkv, G*T, S]
-  scores.div_(std::sqrt(static_cast<double>(Dh)));
+  if (score.scale == 0) {
+    scores.div_(std::sqrt(static_cast<double>(Dh)));
+  } else {
+    scores.mul_(score.scale);
+  }
+  if (score.softcap > 0) {  // as Gemma 2's eager path; out of place under autograd (tanh's backward keeps its output)
+    scores = at::GradMode::is_enabled() ? at::tanh(scores / score.softcap) * score.softcap
+                                        : scores.div_(score.softcap).tanh_().mul_(score.softcap);
+  }
   if (mask.defined()) {
     // mask [B|1, 1, T, S] -> [B|1, 1, 1, T, S] against scores viewed [B, Hkv, G, T, S]
     const at::Tensor blocked = mask.logical_not().unsqueeze(1);
@@ -45,13 +54,19 @@ at::Tensor query_rows(const at::Tensor& x, int64_t Hkv, int64_t first, int64_t r
   return x.view({B, Hkv, H / Hkv, T, Dh}).narrow(3, first, rows).reshape({B, Hkv, (H / Hkv) * rows, Dh});
 }
 
-// Masked, scaled scores of one query block against every key block: [B, Hkv, G*rows, S] in the accumulate dtype.
+// Masked, scaled (and capped) scores of one query block against every key block: [B, Hkv, G*rows, S] in the
+// accumulate dtype. With a cap and `cap_slope`, also d(capped)/d(scaled) = 1 - tanh^2, taken before masking.
 at::Tensor block_scores(const at::Tensor& qb, at::TensorList keys, const at::Tensor& mask, int64_t G, int64_t first,
-                        int64_t rows, double scale, at::ScalarType acc) {
+                        int64_t rows, double scale, double softcap, at::ScalarType acc, at::Tensor* cap_slope = nullptr) {
   std::vector<at::Tensor> parts;
   parts.reserve(keys.size());
   for (const auto& k : keys) parts.push_back(at::matmul(qb, k.transpose(-1, -2)));
   at::Tensor scores = (parts.size() == 1 ? parts[0] : at::cat(parts, -1)).to(acc).mul_(scale);
+  if (softcap > 0) {
+    scores.div_(softcap).tanh_();
+    if (cap_slope != nullptr) *cap_slope = 1 - scores.square();
+    scores.mul_(softcap);
+  }
   if (mask.defined()) {
     const int64_t B = scores.size(0), Hkv = scores.size(1), S = scores.size(3);
     // mask [B|1, 1, T, S] -> rows [B|1, 1, 1, rows, S] against scores [B, Hkv, G, rows, S]
@@ -69,21 +84,22 @@ int64_t rows_per_block(int64_t B, int64_t H, int64_t T, int64_t S, int64_t works
 class BlockAttention : public torch::autograd::Function<BlockAttention> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, at::TensorList keys,
-                            at::TensorList values, const c10::optional<at::Tensor>& mask_arg, int64_t workspace) {
+                            at::TensorList values, const c10::optional<at::Tensor>& mask_arg, int64_t workspace,
+                            double score_scale, double softcap) {
     const at::Tensor mask = mask_arg.has_value() ? *mask_arg : at::Tensor();
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
     const int64_t Hkv = keys[0].size(1), G = H / Hkv;
     int64_t S = 0;
     for (const auto& k : keys) S += k.size(2);
     const auto acc = accumulate_dtype(q);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const double scale = score_scale != 0 ? score_scale : 1.0 / std::sqrt(static_cast<double>(Dh));
     const int64_t R = rows_per_block(B, H, T, S, workspace);
     at::Tensor out = at::empty({B, Hkv, G, T, Dh}, q.options());
     at::Tensor lse = at::empty({B, Hkv, G, T}, q.options().dtype(acc));
     for (int64_t first = 0; first < T; first += R) {
       const int64_t rows = std::min(R, T - first);
       const at::Tensor qb = query_rows(q, Hkv, first, rows);                        // [B, Hkv, G*rows, Dh]
-      const at::Tensor scores = block_scores(qb, keys, mask, G, first, rows, scale, acc);  // [B, Hkv, G*rows, S]
+      const at::Tensor scores = block_scores(qb, keys, mask, G, first, rows, scale, softcap, acc);  // [B, Hkv, G*rows, S]
       const at::Tensor row_lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);     // [B, Hkv, G*rows, 1]
       const at::Tensor probs = scores.sub_(row_lse).exp_().to(q.scalar_type());
       at::Tensor ob;
@@ -104,6 +120,8 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     ctx->save_for_backward(saved);
     ctx->saved_data["blocks"] = static_cast<int64_t>(keys.size());
     ctx->saved_data["workspace"] = workspace;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["has_mask"] = mask.defined();
     if (mask.defined()) ctx->saved_data["mask"] = mask;
     return out;
@@ -128,7 +146,8 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     const int64_t Hkv = keys[0].size(1), G = H / Hkv;
     int64_t S = 0;
     for (const auto& k : keys) S += k.size(2);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const double softcap = ctx->saved_data["softcap"].toDouble();
     const int64_t R = rows_per_block(B, H, T, S, workspace);
     const at::Tensor qa = q.to(acc), go = grads[0].to(acc).contiguous(), oa = out.to(acc);
     at::Tensor dq = at::empty({B, Hkv, G, T, Dh}, qa.options());
@@ -143,7 +162,9 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
       const at::Tensor gb = query_rows(go, Hkv, first, rows);   // dO rows
       const at::Tensor ob = query_rows(oa, Hkv, first, rows);
       const at::Tensor row_lse = lse.narrow(3, first, rows).reshape({B, Hkv, G * rows, 1});
-      const at::Tensor probs = block_scores(qb, keys, mask, G, first, rows, scale, acc).sub_(row_lse).exp_();
+      at::Tensor slope;  // softcap: d(capped)/d(scaled) [B, Hkv, G*rows, S]
+      const at::Tensor probs =
+          block_scores(qb, keys, mask, G, first, rows, scale, softcap, acc, &slope).sub_(row_lse).exp_();
       const at::Tensor delta = (gb * ob).sum(-1, /*keepdim=*/true);  // rowsum(dO * O): [B, Hkv, G*rows, 1]
       at::Tensor dqb;
       int64_t offset = 0;
@@ -151,7 +172,8 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
         const int64_t len = keys[i].size(2);
         const at::Tensor p = probs.narrow(-1, offset, len);                          // [B, Hkv, G*rows, S_i]
         dv[i].add_(at::matmul(p.transpose(-1, -2), gb));                            // [B, Hkv, S_i, Dh]
-        const at::Tensor ds = at::matmul(gb, values[i].transpose(-1, -2)).sub_(delta).mul_(p).mul_(scale);
+        at::Tensor ds = at::matmul(gb, values[i].transpose(-1, -2)).sub_(delta).mul_(p).mul_(scale);
+        if (slope.defined()) ds.mul_(slope.narrow(-1, offset, len));
         dk[i].add_(at::matmul(ds.transpose(-1, -2), qb));
         const at::Tensor part = at::matmul(ds, keys[i]);                            // [B, Hkv, G*rows, Dh]
         dqb = dqb.defined() ? dqb.add_(part) : part;
@@ -165,17 +187,22 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     for (size_t i = 0; i < n; ++i) result.push_back(dv[i].to(saved[3 + n + i].scalar_type()));
     result.push_back(at::Tensor());  // mask
     result.push_back(at::Tensor());  // workspace
+    result.push_back(at::Tensor());  // scale
+    result.push_back(at::Tensor());  // softcap
     return result;
   }
 };
 
 #if TORCH_VERSION_MAJOR >= 2
-at::Tensor attention_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+at::Tensor attention_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          double scale) {
   const int64_t G = q.size(1) / k.size(1);
   const at::Tensor kr = G > 1 ? k.repeat_interleave(G, 1) : k;
   const at::Tensor vr = G > 1 ? v.repeat_interleave(G, 1) : v;
-  if (mask.defined()) return at::scaled_dot_product_attention(q, kr, vr, mask);
-  return at::scaled_dot_product_attention(q, kr, vr);
+  // A scale other than 1/sqrt(Dh) is folded into q (SDPA's own scale argument is not in every 2.x).
+  const at::Tensor qs = scale == 0 ? q : q * (scale * std::sqrt(static_cast<double>(q.size(-1))));
+  if (mask.defined()) return at::scaled_dot_product_attention(qs, kr, vr, mask);
+  return at::scaled_dot_product_attention(qs, kr, vr);
 }
 #endif
 }  // namespace
@@ -195,26 +222,28 @@ void set_recompute_attention(bool on) { g_recompute = on; }
 bool recompute_attention() { return g_recompute; }
 
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
-                            int64_t workspace_elements) {
+                            int64_t workspace_elements, const ScoreOptions& score) {
   TORCH_CHECK(q.dim() == 4 && !keys.empty() && keys.size() == values.size(), "attention_blocks expects 4-d q and as "
               "many key as value blocks");
   TORCH_CHECK(q.size(1) % keys[0].size(1) == 0, "query heads ", q.size(1), " not a multiple of K/V heads ",
               keys[0].size(1));
   // An undefined tensor cannot be a Function input; an empty optional can.
   const c10::optional<at::Tensor> mask_arg = mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt;
-  return BlockAttention::apply(q, keys, values, mask_arg, workspace_elements);
+  return BlockAttention::apply(q, keys, values, mask_arg, workspace_elements, score.scale, score.softcap);
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                     const ScoreOptions& score) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects 4-d q, k, v");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "query heads ", q.size(1), " not a multiple of K/V heads ", k.size(1));
 #if TORCH_VERSION_MAJOR >= 2
-  if (g_backend != AttentionBackend::kMath) return attention_sdpa(q, k, v, mask);
+  // SDPA has no score cap: capped attention takes the paths below.
+  if (g_backend != AttentionBackend::kMath && score.softcap == 0) return attention_sdpa(q, k, v, mask, score.scale);
 #endif
   if (g_recompute && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
-    return attention_blocks(q, {k}, {v}, mask);
+    return attention_blocks(q, {k}, {v}, mask, int64_t{1} << 23, score);
   }
-  return attention_math(q, k, v, mask);
+  return attention_math(q, k, v, mask, score);
 }
 
 KVCache::KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim,

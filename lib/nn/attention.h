@@ -20,12 +20,21 @@ bool sdpa_available();
 void set_attention_backend(AttentionBackend backend);
 AttentionBackend attention_backend();
 
-/// softmax(q k^T / sqrt(Dh) + mask) v with K/V heads shared by groups of query heads.
+/// How raw attention scores are formed before the mask: s = q k^T * scale, then, with softcap > 0,
+/// softcap * tanh(s / softcap) (Gemma 2's attn_logit_softcapping).
+struct ScoreOptions {
+  double scale = 0;    // 0: 1 / sqrt(Dh)
+  double softcap = 0;  // 0: no cap
+  bool plain() const { return scale == 0 && softcap == 0; }
+};
+
+/// softmax(q k^T / sqrt(Dh) + mask) v with K/V heads shared by groups of query heads (scores as `score` says).
 /// q: [B, H, T, Dh], k/v: [B, Hkv, S, Dh] (H a multiple of Hkv),
 /// mask: undefined (attend to all S keys) or bool [B or 1, 1, T, S], true where a query may attend.
 /// Softmax runs in float32 and is cast back, as Hugging Face's eager attention does.
 /// Returns [B, H, T, Dh].
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask);
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                     const ScoreOptions& score = {});
 
 /// The same attention with keys and values given as consecutive blocks along S (for example the stored K/V of
 /// earlier chunks of a sequence followed by a chunk's own), never concatenated, and a backward that recomputes
@@ -35,7 +44,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 /// does not grow with T either. q: [B, H, T, Dh]; keys/values: blocks [B, Hkv, S_i, Dh]; mask as attention()
 /// takes it over S = sum S_i. Returns [B, H, T, Dh]; differentiable in q and every block.
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
-                            int64_t workspace_elements = int64_t{1} << 23);
+                            int64_t workspace_elements = int64_t{1} << 23, const ScoreOptions& score = {});
 
 /// Whether attention() itself uses the recomputing kernel of attention_blocks while autograd records (training on
 /// the math backend); on by default. Process-wide.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace swiftcpp {
 struct PackedWeight;
@@ -62,8 +63,12 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-/// RMSNorm as Hugging Face computes it: normalised in float32, cast back to the input dtype, then scaled by
-/// `weight` [dim].
+/// RMSNorm as Hugging Face computes it: x [..., dim] normalised in float32, cast back to the input dtype, then
+/// scaled by `weight` [dim]. With `unit_offset` (Gemma) the scale is (1 + weight), applied in float32 before the
+/// cast back.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool unit_offset = false);
+
+/// RMSNorm with its `weight` [dim] (ones at first).
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
@@ -74,6 +79,27 @@ class RMSNormImpl : public torch::nn::Module {
   double eps;
 };
 TORCH_MODULE(RMSNorm);
+
+/// The kinds of norm decoder blocks use.
+enum class NormKind {
+  kRMSNorm,        // weight * x / rms(x) (Llama)
+  kRMSNormOffset,  // (1 + weight) * x / rms(x), scaled in float32 (Gemma, Gemma 2)
+  kLayerNorm,      // LayerNorm with weight and bias (StarCoder2, Phi)
+};
+
+/// A decoder norm of any NormKind: parameters `weight` [dim] (ones, or zeros with kRMSNormOffset) and, for
+/// kLayerNorm, `bias` [dim], under the names Hugging Face gives them.
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(NormKind kind, int64_t dim, double eps);
+  /// x: [..., dim] -> [..., dim]
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  NormKind kind;
+  double eps;
+};
+TORCH_MODULE(Norm);
 
 /// LayerNorm with `weight` and `bias` [dim] (placeholders until a checkpoint fills them): normalised over the last
 /// dimension as torch.nn.LayerNorm does (in float32 under autocast, as LibTorch's own layer_norm).
@@ -90,37 +116,63 @@ TORCH_MODULE(LayerNorm);
 
 /// How rotary frequencies are scaled for long contexts (config.json `rope_scaling`).
 struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | longrope
   double factor = 1.0;
   double low_freq_factor = 1.0;    // llama3
   double high_freq_factor = 4.0;   // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, longrope
+  // longrope (Phi-3): per-frequency divisors [rotary_dim / 2]; the long ones apply to every position of a forward
+  // whose keys reach past original_max_position_embeddings, the short ones otherwise. cos and sin are scaled by
+  // attention_factor with both.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 /// Rotary position embedding tables (rotate-half layout, as Hugging Face stores q/k).
 class RotaryEmbedding {
  public:
-  /// inv_freq[i] = theta^(-2i/head_dim) for i < head_dim/2, then scaled as `scaling` says.
-  RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling, int64_t initial_positions);
+  /// inv_freq[i] = theta^(-2i/rotary_dim) for i < rotary_dim/2, then scaled as `scaling` says. rotary_dim (0: the
+  /// whole head_dim) is how many leading dimensions of each head rotate (Phi's partial rotary); the rest pass.
+  RotaryEmbedding(int64_t head_dim, double theta, const RopeScaling& scaling, int64_t initial_positions,
+                  int64_t rotary_dim = 0);
 
   /// cos and signed sin for `positions` [B, T] (int64, any device), all below `position_bound`, -> each
-  /// [B, 1, T, head_dim] in `dtype`, for apply_rotary. Tables grow as needed (no host sync on the positions).
+  /// [B, 1, T, rotary_dim] in `dtype`, for apply_rotary. Tables grow as needed (no host sync on the positions).
+  /// longrope: position_bound (the forward's key length) chooses the short or the long factors.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, int64_t position_bound,
                                             at::ScalarType dtype);
 
-  /// The (scaled) inverse frequencies [head_dim / 2], float32.
-  const at::Tensor& inv_freq() const { return inv_freq_; }
+  /// The (scaled) inverse frequencies [rotary_dim / 2], float32 (longrope: the short ones).
+  const at::Tensor& inv_freq() const { return short_.inv_freq; }
 
  private:
-  void grow(int64_t positions, const at::Device& device);
+  struct Table {
+    at::Tensor inv_freq;  // [rotary_dim / 2] float32, CPU
+    at::Tensor cos, sin;  // [P, rotary_dim] float32 on the device last asked for; sin carries the sign
+  };
+  void grow(Table& table, int64_t positions, const at::Device& device) const;
 
-  int64_t head_dim_;
-  at::Tensor inv_freq_;  // [head_dim / 2] float32, CPU
-  at::Tensor cos_, sin_;  // [P, head_dim] float32 on the device last asked for; sin_ carries the sign
+  int64_t rotary_dim_;
+  double attention_factor_ = 1.0;
+  Table short_;          // every position (longrope: forwards whose keys stay within long_from_)
+  Table long_;           // longrope only
+  int64_t long_from_ = 0;  // longrope: key lengths above this use long_
 };
 
-/// x * cos + rotate_half(x) * sin. x: [B, H, T, Dh], cos/sin: [B, 1, T, Dh] as RotaryEmbedding::cos_sin returns
-/// them (its sine carries the rotate-half sign: -sin on the first half of each head).
+/// x * cos + rotate_half(x) * sin over the first R = cos.size(-1) dimensions of each head; the rest pass
+/// unchanged. x: [B, H, T, Dh], cos/sin: [B, 1, T, R] as RotaryEmbedding::cos_sin returns them (its sine carries
+/// the rotate-half sign: -sin on the first half of the rotated part).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// Activation functions of decoder MLPs, by their Hugging Face names.
+enum class Activation {
+  kSilu,      // silu, swish
+  kGeluTanh,  // gelu_pytorch_tanh, gelu_new, gelu_fast: the tanh approximation
+  kGelu,      // gelu: the exact erf form
+};
+/// Parses a hidden_act / hidden_activation value. Throws ConfigError naming `origin` and the supported names.
+Activation parse_activation(const std::string& name, const std::string& origin);
+/// act(x); silu runs in place on `x` when autograd does not record (pass a tensor the caller owns).
+at::Tensor activate(Activation act, at::Tensor x);
 
 }  // namespace swiftcpp::nn

@@ -112,7 +112,9 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const LoraConfig& co
     bool found = false;
     for (const auto& [path, linear] : layers) {
       if (!in_scope(path)) continue;
-      const bool hit = target == "all-linear" ? path != prefix + "lm_head" : path_matches(path, target);
+      // all-linear: every linear layer but the head and the mixture-of-experts routers.
+      const bool hit = target == "all-linear" ? path != prefix + "lm_head" && !model->is_router(path)
+                                              : path_matches(path, target);
       if (hit) {
         found = true;
         chosen.insert(path);

@@ -12,9 +12,23 @@
 namespace swiftcpp {
 
 std::string gguf_architecture(const std::string& model_type) {
-  if (model_type == "llama" || model_type == "mistral") return "llama";
-  if (model_type == "qwen2" || model_type == "qwen3") return model_type;
-  fail<ConfigError>("GGUF export supports llama, mistral, qwen2 and qwen3 models (got model_type {})", model_type);
+  if (model_type == "llama" || model_type == "mistral" || model_type == "mixtral") return "llama";
+  if (model_type == "qwen2" || model_type == "qwen3" || model_type == "gemma" || model_type == "starcoder2" ||
+      model_type == "phi3") {
+    return model_type;
+  }
+  if (model_type == "qwen2_moe") return "qwen2moe";
+  if (model_type == "phi") {
+    fail<ConfigError>("GGUF export of phi (Phi-2) is not supported: llama.cpp's phi2 architecture takes no grouped K/V "
+                      "heads and a feed-forward width of 4 x hidden only, so it would not run every Phi checkpoint");
+  }
+  if (model_type == "gemma2") {
+    fail<ConfigError>("GGUF export of gemma2 is not supported: llama.cpp chooses Gemma 2's attention scale by layer "
+                      "count (26/42/46 layers) and never reads query_pre_attn_scalar, so other checkpoints would compute "
+                      "different attention");
+  }
+  fail<ConfigError>("GGUF export supports llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, gemma, starcoder2 and phi3 "
+                    "models (got model_type {})", model_type);
 }
 
 at::Tensor permute_qk(const at::Tensor& w, int64_t heads) {
@@ -124,14 +138,30 @@ SentencePieceVocab read_sentencepiece_vocab(const fs::path& file) {
 
 namespace {
 
-// llama.cpp's name of a decoder parameter ("" for none).
+// llama.cpp's name of a decoder parameter ("" for none). Experts' weights map to the stacked tensor of all of a
+// layer's experts (ffn_*_exps), which export_gguf writes once.
 std::string gguf_tensor_name(const std::string& hf) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "model.norm.bias") return "output_norm.bias";
   if (hf == "lm_head.weight") return "output.weight";
   static const std::vector<std::pair<std::string, std::string>> parts = {
       {"input_layernorm.weight", "attn_norm.weight"},
+      {"input_layernorm.bias", "attn_norm.bias"},
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"post_attention_layernorm.bias", "ffn_norm.bias"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // Phi-3: llama.cpp splits the fused rows itself
+      {"mlp.c_fc.weight", "ffn_up.weight"},
+      {"mlp.c_fc.bias", "ffn_up.bias"},
+      {"mlp.c_proj.weight", "ffn_down.weight"},
+      {"mlp.c_proj.bias", "ffn_down.bias"},
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
@@ -157,6 +187,19 @@ std::string gguf_tensor_name(const std::string& hf) {
   const std::string rest = hf.substr(dot + 1);
   for (const auto& [from, to] : parts) {
     if (rest == from) return "blk." + layer + "." + to;
+  }
+  // Experts: <block>.experts.<e>.<linear>.weight -> ffn_{gate,up,down}_exps.weight.
+  static const std::vector<std::pair<std::string, std::string>> experts = {
+      {"w1", "ffn_gate_exps"}, {"w3", "ffn_up_exps"}, {"w2", "ffn_down_exps"},
+      {"gate_proj", "ffn_gate_exps"}, {"up_proj", "ffn_up_exps"}, {"down_proj", "ffn_down_exps"}};
+  for (const char* block : {"block_sparse_moe.experts.", "mlp.experts."}) {
+    if (rest.rfind(block, 0) != 0) continue;
+    const std::string tail = rest.substr(std::string(block).size());  // <e>.<linear>.weight
+    const size_t d = tail.find('.');
+    if (d == std::string::npos) return "";
+    for (const auto& [from, to] : experts) {
+      if (tail.substr(d + 1) == from + ".weight") return "blk." + layer + "." + to + ".weight";
+    }
   }
   return "";
 }
@@ -314,6 +357,18 @@ GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const f
     fail<ConfigError>("GGUF export: rope_scaling type {} is not supported yet (default and linear are)",
                       c.rope_scaling.type);
   }
+  if (c.moe.num_experts > 0 && arch == "qwen2moe" && c.moe.norm_topk_prob) {
+    fail<ConfigError>("GGUF export of {}: norm_topk_prob is true, but llama.cpp's qwen2moe uses the raw top-k "
+                      "probabilities", model_dir.string());
+  }
+  if (c.moe.num_experts > 0) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      if (!c.moe.sparse(i)) {
+        fail<ConfigError>("GGUF export of {}: layer {} is dense in a mixture of experts (decoder_sparse_step, "
+                          "mlp_only_layers), which llama.cpp's {} does not take", model_dir.string(), i, arch);
+      }
+    }
+  }
   GgufWriter w;
   w.set_string("general.architecture", arch);
   w.set_string("general.name", options.name.empty() ? model_dir.filename().string() : options.name);
@@ -325,9 +380,21 @@ GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const f
   w.set_u32(arch + ".feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
   w.set_u32(arch + ".attention.head_count", static_cast<uint32_t>(c.num_attention_heads));
   w.set_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(c.num_key_value_heads));
-  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  // LayerNorm families (StarCoder2) name their epsilon differently.
+  w.set_f32(arch + (c.norm == nn::NormKind::kLayerNorm ? ".attention.layer_norm_epsilon"
+                                                       : ".attention.layer_norm_rms_epsilon"),
+            c.rms_norm_eps);
   w.set_f32(arch + ".rope.freq_base", c.rope_theta);
-  w.set_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  w.set_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(c.rotary_dim > 0 ? c.rotary_dim : c.head_dim));
+  if (c.moe.num_experts > 0) {
+    w.set_u32(arch + ".expert_count", static_cast<uint32_t>(c.moe.num_experts));
+    w.set_u32(arch + ".expert_used_count", static_cast<uint32_t>(c.moe.top_k));
+    if (arch == "qwen2moe") {
+      w.set_u32(arch + ".expert_feed_forward_length", static_cast<uint32_t>(c.moe.intermediate_size));
+      w.set_u32(arch + ".expert_shared_feed_forward_length", static_cast<uint32_t>(c.moe.shared_intermediate_size));
+    }
+  }
+
   w.set_u32(arch + ".vocab_size", static_cast<uint32_t>(c.vocab_size));
   if (c.head_dim * c.num_attention_heads != c.hidden_size) {
     w.set_u32(arch + ".attention.key_length", static_cast<uint32_t>(c.head_dim));
@@ -398,11 +465,32 @@ GgufExportReport export_gguf(CausalLM& model, const fs::path& model_dir, const f
     }
   }
 
-  // Tensors, in the decoder's order.
-  for (const auto& item : model->named_parameters(true)) {
+  // Tensors, in the decoder's order; a layer's experts stacked into one [E, out, in] tensor per projection.
+  const auto params = model->named_parameters(true);
+  std::set<std::string> written;
+  for (const auto& item : params) {
     const std::string name = gguf_tensor_name(item.key());
     if (name.empty()) fail<ConfigError>("GGUF export: no llama.cpp name for parameter {}", item.key());
+    if (!written.insert(name).second) continue;  // the other experts of a stacked tensor
     at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
+    if (name.find("_exps.weight") != std::string::npos) {
+      // This is expert 0's weight: gather every expert's under the same name, in expert order.
+      const std::string marker = ".experts.0.";
+      const size_t at_marker = item.key().find(marker);
+      std::vector<at::Tensor> stack;
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        const std::string key = item.key().substr(0, at_marker) + ".experts." + std::to_string(e) + "." +
+                                item.key().substr(at_marker + marker.size());
+        const at::Tensor* p = params.find(key);
+        if (p == nullptr) fail<ConfigError>("GGUF export: expert weight {} is missing", key);
+        stack.push_back(p->detach().to(at::kCPU, at::kFloat));
+      }
+      t = at::stack(stack);  // [E, out, in]
+    }
+    if (c.norm == nn::NormKind::kRMSNormOffset && name.size() > 11 &&
+        name.compare(name.size() - 11, 11, "norm.weight") == 0) {
+      t = t + 1;  // Gemma: llama.cpp's converter stores the (1 + w) scale
+    }
     if (arch == "llama" && item.key().find("self_attn.q_proj.weight") != std::string::npos) {
       t = permute_qk(t, c.num_attention_heads);
     } else if (arch == "llama" && item.key().find("self_attn.k_proj.weight") != std::string::npos) {

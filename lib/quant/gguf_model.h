@@ -29,8 +29,9 @@ struct GgufExportReport {
   bool pre_tokenizer_known = true;  // BPE: false when the split regex has no llama.cpp name ("default" written)
 };
 
-/// The GGUF architecture llama.cpp uses for a model_type: llama and mistral -> "llama", qwen2, qwen3. Throws
-/// ConfigError for others.
+/// The GGUF architecture llama.cpp uses for a model_type: llama, mistral and mixtral -> "llama", qwen2_moe ->
+/// "qwen2moe", qwen2, qwen3, gemma, starcoder2 and phi3 as they are. Throws ConfigError for others, with the reason
+/// for phi and gemma2 (llama.cpp's versions of them do not compute every checkpoint of the family).
 std::string gguf_architecture(const std::string& model_type);
 
 /// llama.cpp's converter layout of q_proj / k_proj rows for the `llama` architecture: within each head the two

@@ -104,7 +104,8 @@ std::map<std::string, nn::LinearImpl*> block_linears(CausalLM& model) {
   const std::string blocks = model->language_model_prefix() + "model.layers.";
   for (const auto& item : model->named_modules("", false)) {
     auto* linear = item.value()->as<nn::Linear>();
-    if (linear != nullptr && item.key().rfind(blocks, 0) == 0) out[item.key()] = linear;
+    // Mixture-of-experts routers stay float (their experts are packed).
+    if (linear != nullptr && item.key().rfind(blocks, 0) == 0 && !model->is_router(item.key())) out[item.key()] = linear;
   }
   return out;
 }
@@ -148,22 +149,14 @@ std::map<std::string, PackedWeight> quantize_model_gptq(CausalLM& model,
   std::vector<at::Tensor> hidden;
   for (const auto& ids : calibration) {
     const at::Tensor t = at::tensor(ids, at::kLong).to(device).unsqueeze(0);  // [1, T]
-    hidden.push_back(model->model->embed_tokens(t));
+    hidden.push_back(model->scale_inputs(model->embed(t)));  // [1, T, D], what the first layer receives
   }
   const int64_t layers = model->config().num_hidden_layers;
   std::map<std::string, PackedWeight> packed;
   for (int64_t l = 0; l < layers; ++l) {
     auto* layer = model->model->layers[l]->as<DecoderLayer>();
     const std::string prefix = model->language_model_prefix() + "model.layers." + std::to_string(l) + ".";
-    const std::vector<std::vector<std::pair<std::string, nn::LinearImpl*>>> stages = {
-        {{"self_attn.q_proj", layer->self_attn->q_proj.get()},
-         {"self_attn.k_proj", layer->self_attn->k_proj.get()},
-         {"self_attn.v_proj", layer->self_attn->v_proj.get()}},
-        {{"self_attn.o_proj", layer->self_attn->o_proj.get()}},
-        {{"mlp.gate_proj", layer->mlp->gate_proj.get()}, {"mlp.up_proj", layer->mlp->up_proj.get()}},
-        {{"mlp.down_proj", layer->mlp->down_proj.get()}},
-    };
-    for (const auto& stage : stages) {
+    for (const LinearGroup& stage : layer->linear_groups()) {
       // One Hessian per distinct input (q, k and v see the same x): sum of x x^T over every calibration token.
       std::map<nn::LinearImpl*, at::Tensor> hessians;
       for (const auto& [suffix, linear] : stage) {
@@ -180,7 +173,11 @@ std::map<std::string, PackedWeight> quantize_model_gptq(CausalLM& model,
         linear->input_observer = nullptr;
         const std::string name = prefix + suffix;
         const at::Tensor& H = hessians.at(linear);
-        PackedWeight p = gptq_quantize(linear->weight, H, options, name);
+        // A mixture-of-experts expert no calibration token was routed to has no Hessian: GPTQ would treat every
+        // input as dead and zero the weights, so it is rounded to nearest instead.
+        const bool unseen = H.diagonal().abs().max().item<double>() == 0;
+        PackedWeight p = unseen ? quantize_rtn(linear->weight, options.spec, name)
+                                : gptq_quantize(linear->weight, H, options, name);
         const at::Tensor Wq = p.dequantize(linear->weight.scalar_type());  // [out, in]
         if (report != nullptr) {
           const at::Tensor W = linear->weight.to(at::kDouble), D = W - Wq.to(at::kDouble);

@@ -47,9 +47,11 @@ struct GptqLayerReport {
 };
 
 /// Quantises every linear layer of the decoder blocks of `model` (float) with GPTQ on `calibration` (token id
-/// sequences), layer by layer in the order q/k/v, o, gate/up, down ("true sequential"); each layer's float weight
-/// is replaced by its dequantised value as it goes, so later layers calibrate on the quantised model's
-/// activations. Returns the packed weights by module path ("model.layers.0.self_attn.q_proj"). `progress` is
+/// sequences), block by block and within a block group by group as DecoderLayerImpl::linear_groups() orders them
+/// (q/k/v, o, gate/up, down: "true sequential"; a sparse block's experts join the gate/up and down groups); each
+/// layer's float weight is replaced by its dequantised value as it goes, so later layers calibrate on the quantised
+/// model's activations. An expert no calibration token reached is rounded to nearest (quantize_rtn). Routers stay
+/// float. Returns the packed weights by module path ("model.layers.0.self_attn.q_proj"). `progress` is
 /// called after each decoder layer with (done, total). Throws ConfigError for an empty calibration set.
 std::map<std::string, PackedWeight> quantize_model_gptq(CausalLM& model,
                                                         const std::vector<std::vector<int64_t>>& calibration,

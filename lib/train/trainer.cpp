@@ -236,6 +236,11 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   }
   const at::Tensor ids = batch.input_ids.to(device);
   const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
+  // Mixture of experts with output_router_logits: the load-balancing loss joins the objective (as transformers).
+  const MoeConfig& moe = model_->config().moe;
+  const bool balance = moe.num_experts > 0 && moe.output_router_logits;
+  std::vector<at::Tensor> router_logits;  // per sparse layer [B*T, E]
+  if (balance) options.router_logits = &router_logits;
   // The head and the loss only where a label is: padding and prompt positions cost no vocabulary projection.
   const at::Tensor hidden = model_->hidden_states(ids, options);     // [B, T, D]
   if (!need_loss) return {};
@@ -243,7 +248,20 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   const at::Tensor targets = labels.index_select(0, where);                                   // [N]
   const at::Tensor logits = model_->logits(hidden.reshape({-1, hidden.size(-1)}).index_select(0, where));  // [N, V]
   const at::Tensor log_probs = at::log_softmax(logits, -1, at::kFloat);
-  const at::Tensor loss = at::nll_loss(log_probs, targets, {}, at::Reduction::Sum);
+  at::Tensor loss = at::nll_loss(log_probs, targets, {}, at::Reduction::Sum);
+  if (balance && !router_logits.empty()) {
+    // Over this forward's real tokens (the key mask's last T columns); weighted by the label tokens, so that
+    // dividing by the step's label tokens gives CE + coef * aux for one micro-batch and a token-weighted mean of the
+    // micro-batches' aux terms otherwise.
+    const int64_t T = ids.size(1);
+    const at::Tensor valid = options.key_valid.defined()
+                                 ? options.key_valid.narrow(1, options.key_valid.size(1) - T, T).reshape({-1})
+                                 : at::Tensor();
+    const at::Tensor aux = load_balancing_loss(router_logits, moe.top_k, valid);
+    const double weight = static_cast<double>(targets.size(0));
+    aux_sum_ = aux_sum_.defined() ? aux_sum_ + aux.detach() * weight : aux.detach() * weight;
+    loss = loss + aux * (moe.router_aux_loss_coef * weight);
+  }
   if (correct != nullptr) {
     at::NoGradGuard no_grad;
     const at::Tensor hits = logits.argmax(-1).eq(targets).sum();
@@ -257,6 +275,7 @@ void Trainer::begin_step(size_t backwards) {
   for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();  // every tensor, not only this rank's (ZeRO-1)
   backwards_ = backwards;
   backwards_done_ = 0;
+  aux_sum_ = at::Tensor();
   step_start_ = std::chrono::steady_clock::now();
 }
 
@@ -354,9 +373,13 @@ StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t
   return r;
 }
 
-void Trainer::finish_step(StepResult& r, const std::vector<at::Tensor>& sums,
+void Trainer::finish_step(StepResult& r, const std::vector<at::Tensor>& objective_sums,
                           const std::function<void(const std::vector<double>&)>& finalize, int64_t global_step,
                           int64_t total_steps) {
+  // The load-balancing loss of a mixture of experts travels with the objective's sums and is logged as aux_loss.
+  std::vector<at::Tensor> sums = objective_sums;
+  const bool balance = model_->config().moe.num_experts > 0 && model_->config().moe.output_router_logits;
+  if (balance) sums.push_back(aux_sum_.defined() ? aux_sum_ : at::zeros({}, at::kDouble));
   std::vector<double> values(sums.size(), 0.0);
   {
     std::vector<at::Tensor> defined;  // the first waits for the device; the others are ready by then
@@ -384,6 +407,10 @@ void Trainer::finish_step(StepResult& r, const std::vector<at::Tensor>& sums,
     std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), values.begin());
     r.real_tokens = static_cast<int64_t>(all[n]);
     r.rank_compute_s.assign(all.begin() + static_cast<std::ptrdiff_t>(n + 1), all.end());
+  }
+  if (balance) {  // objectives without the token loss (preference, GRPO) compute none: nothing to log
+    if (values.back() > 0) r.metrics["aux_loss"] = values.back() / static_cast<double>(std::max<int64_t>(1, r.label_tokens));
+    values.pop_back();
   }
   finalize(values);
   r.grad_norm = clip_grad_norm(trainables(), config_.max_grad_norm);

@@ -97,7 +97,8 @@ class Trainer {
   /// Ends a step: waits for `sums` (this rank's device scalars, undefined counting 0), records the compute time,
   /// reduces the gradients, sums `sums` and r.real_tokens over every rank in one collective and passes the global
   /// sums to `finalize`, which sets r.loss (and r.metrics). Then clipping and AdamW with the scheduled rate of step
-  /// `global_step` out of `total_steps`. When r.loss or the gradient norm is NaN or infinite the weights and the
+  /// `global_step` out of `total_steps` (a mixture of experts' load-balancing loss, part of r.loss, is also logged
+  /// as r.metrics["aux_loss"]). When r.loss or the gradient norm is NaN or infinite the weights and the
   /// optimizer are left as they were: with config.skip_nonfinite_loss the gradients are dropped and r.skipped set,
   /// otherwise Error is thrown naming the step (global_step + 1, as the logs count).
   void finish_step(StepResult& r, const std::vector<at::Tensor>& sums,
@@ -148,6 +149,7 @@ class Trainer {
   std::unique_ptr<dist::GradientReducer> reducer_;  // several processes: the overlapped gradient all-reduce
   std::chrono::steady_clock::time_point step_start_;  // when the current step's first forward began
   size_t backwards_ = 0, backwards_done_ = 0;          // the current step's backward() calls: planned, made
+  at::Tensor aux_sum_;  // mixture of experts: the step's load-balancing losses, weighted by label tokens
   std::vector<int> owner_;  // ZeRO-1: the rank updating each of params_ (empty otherwise)
 };
 

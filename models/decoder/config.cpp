@@ -1,5 +1,6 @@
 #include "models/decoder/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -21,8 +22,36 @@ nn::RopeScaling parse_rope_scaling(const JsonObject& json) {
     scaling.low_freq_factor = rs.get<double>("low_freq_factor");
     scaling.high_freq_factor = rs.get<double>("high_freq_factor");
     scaling.original_max_position_embeddings = rs.get<int64_t>("original_max_position_embeddings");
+  } else if (scaling.type == "longrope" || scaling.type == "su") {
+    // Phi-3: per-frequency factors, short and long, switched at original_max_position_embeddings; cos and sin
+    // scaled by attention_factor (default sqrt(1 + ln(s) / ln(original)), s = max / original positions).
+    scaling.type = "longrope";
+    const auto factors = [&](const char* key) {
+      std::vector<double> out;
+      const Json& v = rs.raw().contains(key) ? rs.raw().at(key) : Json();
+      if (!v.is_array()) fail<ConfigError>("{}: rope_scaling.{} must be a list of numbers", json.origin(), key);
+      for (const Json& e : v) {
+        if (!e.is_number()) fail<ConfigError>("{}: rope_scaling.{} must hold numbers, got {}", json.origin(), key, describe_json(e));
+        out.push_back(e.get<double>());
+      }
+      return out;
+    };
+    scaling.short_factor = factors("short_factor");
+    scaling.long_factor = factors("long_factor");
+    scaling.original_max_position_embeddings = rs.find<int64_t>("original_max_position_embeddings")
+                                                   .value_or(json.get<int64_t>("original_max_position_embeddings"));
+    const int64_t positions = json.get_or<int64_t>("max_position_embeddings", 2048);
+    if (scaling.original_max_position_embeddings <= 1 || positions <= 0) {
+      fail<ConfigError>("{}: longrope needs original_max_position_embeddings > 1 and max_position_embeddings > 0",
+                        json.origin());
+    }
+    const double s = static_cast<double>(positions) / static_cast<double>(scaling.original_max_position_embeddings);
+    scaling.attention_factor = rs.find<double>("attention_factor").value_or(
+        s <= 1.0 ? 1.0
+                 : std::sqrt(1.0 + std::log(s) / std::log(static_cast<double>(scaling.original_max_position_embeddings))));
+    return scaling;
   } else {
-    fail<ConfigError>("{}: rope_scaling type '{}' is not supported (supported: default, linear, llama3)",
+    fail<ConfigError>("{}: rope_scaling type '{}' is not supported (supported: default, linear, llama3, longrope)",
                       json.origin(), scaling.type);
   }
   if (scaling.factor <= 0) fail<ConfigError>("{}: rope_scaling.factor must be > 0", json.origin());
@@ -60,6 +89,11 @@ std::vector<std::string> architecture_names(const JsonObject& json) {
   return out;
 }
 
+void refuse_key(const JsonObject& json, const std::string& key, const std::string& what) {
+  const std::string value = json.raw().contains(key) ? describe_json(json.raw().at(key)) : std::string("(absent)");
+  fail<ConfigError>("{}: key '{}' is {}: {} is not supported", json.origin(), key, value, what);
+}
+
 DecoderConfig parse_llama_family_config(const JsonObject& json) {
   DecoderConfig c;
   c.model_type = json.get<std::string>("model_type");
@@ -81,6 +115,7 @@ DecoderConfig parse_llama_family_config(const JsonObject& json) {
   c.qkv_bias = json.get_or<bool>("attention_bias", false);
   c.o_bias = c.qkv_bias;
   c.hidden_act = json.get_or<std::string>("hidden_act", "silu");
+  c.activation = nn::parse_activation(c.hidden_act, json.origin());
   c.bos_token_id = json.find<int64_t>("bos_token_id");
   c.eos_token_ids = parse_token_list(json, "eos_token_id");
   return c;
@@ -103,6 +138,42 @@ void DecoderConfig::validate(const std::string& origin) const {
   bounded(max_position_embeddings, "max_position_embeddings", kMaxPositions);
   if (sliding_window < 0 || sliding_window > kMaxPositions) {
     fail<ConfigError>("{}: 'sliding_window' must be in [0, {}], got {}", origin, kMaxPositions, sliding_window);
+  }
+  if (!layer_windows.empty()) {
+    if (static_cast<int64_t>(layer_windows.size()) != num_hidden_layers) {
+      fail<ConfigError>("{}: {} per-layer sliding windows for {} layers", origin, layer_windows.size(), num_hidden_layers);
+    }
+    for (int64_t w : layer_windows) {
+      if (w < 0 || w > kMaxPositions) {
+        fail<ConfigError>("{}: 'sliding_window' must be in [0, {}], got {}", origin, kMaxPositions, w);
+      }
+    }
+  }
+  if (moe.num_experts > 0) {
+    bounded(moe.num_experts, "num_experts", kMaxExperts);
+    bounded(moe.top_k, "num_experts_per_tok", moe.num_experts);
+    bounded(moe.intermediate_size, "moe_intermediate_size", kMaxIntermediateSize);
+    if (moe.shared_intermediate_size < 0 || moe.shared_intermediate_size > kMaxIntermediateSize) {
+      fail<ConfigError>("{}: 'shared_expert_intermediate_size' must be in [0, {}], got {}", origin,
+                        kMaxIntermediateSize, moe.shared_intermediate_size);
+    }
+    if (static_cast<int64_t>(moe.sparse_layers.size()) != num_hidden_layers) {
+      fail<ConfigError>("{}: {} sparse-layer flags for {} layers", origin, moe.sparse_layers.size(), num_hidden_layers);
+    }
+    if (!(moe.router_aux_loss_coef >= 0) || !std::isfinite(moe.router_aux_loss_coef)) {
+      fail<ConfigError>("{}: 'router_aux_loss_coef' must be a finite number >= 0, got {}", origin,
+                        moe.router_aux_loss_coef);
+    }
+  }
+  if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0) {
+    fail<ConfigError>("{}: the rotary width (partial_rotary_factor x head_dim) must be even and at most head_dim {}, "
+                      "got {}", origin, head_dim, rotary_dim);
+  }
+  for (const auto& [key, v] : {std::pair<const char*, double>{"attention scale (query_pre_attn_scalar)", attention_scale},
+                               {"attn_logit_softcapping", attn_logit_softcapping},
+                               {"final_logit_softcapping", final_logit_softcapping},
+                               {"embedding multiplier", embedding_multiplier}}) {
+    if (!(v >= 0) || !std::isfinite(v)) fail<ConfigError>("{}: {} must be a finite number >= 0, got {}", origin, key, v);
   }
   if (rope_scaling.type == "llama3" && (rope_scaling.original_max_position_embeddings <= 0 ||
                                         rope_scaling.original_max_position_embeddings > kMaxPositions)) {
@@ -137,9 +208,6 @@ void DecoderConfig::validate(const std::string& origin) const {
       fail<ConfigError>("{}: 'rope_scaling.factor' must be > 0, got {}", origin, rope_scaling.factor);
     }
   }
-  if (hidden_act != "silu" && hidden_act != "swish") {
-    fail<ConfigError>("{}: hidden_act '{}' is not supported (supported: silu)", origin, hidden_act);
-  }
 }
 
 int64_t DecoderConfig::parameter_count() const {
@@ -150,9 +218,22 @@ int64_t DecoderConfig::parameter_count() const {
   const int64_t q = mul(mul(num_attention_heads, head_dim), hidden_size);
   const int64_t kv = mul(mul(num_key_value_heads, head_dim), hidden_size);
   int64_t layer = add(add(q, q), add(kv, kv));                 // q, o; k, v
-  layer = add(layer, mul(3, mul(hidden_size, intermediate_size)));  // gate, up, down
-  layer = add(layer, mul(2, hidden_size));                          // the two norms
+  const int64_t norms = block == BlockLayout::kParallel ? 1 : block == BlockLayout::kSandwich ? 4 : 2;
+  layer = add(layer, mul(norms, hidden_size));
+  const int64_t dense = mul(mlp == MlpKind::kGated ? 3 : 2, mul(hidden_size, intermediate_size));  // gate, up, down
+  int64_t sparse = 0;  // router, experts, shared expert and its gate
+  if (moe.num_experts > 0) {
+    sparse = add(mul(moe.num_experts, hidden_size), mul(moe.num_experts, mul(3, mul(hidden_size, moe.intermediate_size))));
+    if (moe.shared_intermediate_size > 0) {  // the shared expert and its one-row gate
+      sparse = add(sparse, add(mul(3, mul(hidden_size, moe.shared_intermediate_size)), hidden_size));
+    }
+  }
+  // Counted, not looped over: num_hidden_layers may be any value before validate() bounds it.
+  int64_t sparse_layers = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(moe.sparse_layers.size()); ++i) sparse_layers += moe.sparse(i) ? 1 : 0;
+  sparse_layers = std::min(sparse_layers, std::max<int64_t>(num_hidden_layers, 0));
   int64_t total = mul(layer, num_hidden_layers);
+  total = add(total, add(mul(dense, num_hidden_layers - sparse_layers), mul(sparse, sparse_layers)));
   const int64_t embedding = mul(vocab_size, hidden_size);
   total = add(total, tie_word_embeddings ? embedding : add(embedding, embedding));
   total = add(total, hidden_size);  // final norm

@@ -19,11 +19,19 @@
 namespace swiftcpp {
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
-  q_proj = register_module("q_proj", nn::Linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
-  k_proj = register_module("k_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
-  v_proj = register_module("v_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
-  o_proj = register_module("o_proj", nn::Linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      score_{c.attention_scale, c.attn_logit_softcapping} {
+  if (c.fused_qkv) {
+    qkv_proj = register_module(c.names.qkv_proj,
+                               nn::Linear(c.hidden_size, (heads_ + 2 * kv_heads_) * head_dim_, c.qkv_bias));
+  } else {
+    q_proj = register_module("q_proj", nn::Linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+    k_proj = register_module("k_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+    v_proj = register_module("v_proj", nn::Linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  }
+  o_proj = register_module(c.names.o_proj, nn::Linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
   if (c.qk_norm) {
     q_norm = register_module("q_norm", nn::RMSNorm(head_dim_, c.rms_norm_eps));
     k_norm = register_module("k_norm", nn::RMSNorm(head_dim_, c.rms_norm_eps));
@@ -34,9 +42,17 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
                                   const at::Tensor& mask, nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer) {
   const int64_t B = x.size(0), T = x.size(1);
   // x: [B, T, D] -> q: [B, T, H, Dh], k/v: [B, T, Hkv, Dh]
-  at::Tensor q = q_proj(x).view({B, T, heads_, head_dim_});
-  at::Tensor k = k_proj(x).view({B, T, kv_heads_, head_dim_});
-  at::Tensor v = v_proj(x).view({B, T, kv_heads_, head_dim_});
+  at::Tensor q, k, v;
+  if (qkv_proj) {
+    const at::Tensor qkv = qkv_proj(x);  // [B, T, (H + 2 Hkv) Dh]: q rows, then k, then v
+    q = qkv.narrow(-1, 0, heads_ * head_dim_).view({B, T, heads_, head_dim_});
+    k = qkv.narrow(-1, heads_ * head_dim_, kv_heads_ * head_dim_).view({B, T, kv_heads_, head_dim_});
+    v = qkv.narrow(-1, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_).view({B, T, kv_heads_, head_dim_});
+  } else {
+    q = q_proj(x).view({B, T, heads_, head_dim_});
+    k = k_proj(x).view({B, T, kv_heads_, head_dim_});
+    v = v_proj(x).view({B, T, kv_heads_, head_dim_});
+  }
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
@@ -50,7 +66,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     TORCH_CHECK(cache->per_row() || past + T <= cache->capacity(), "KV cache overflow: ", past + T, " > ", cache->capacity());
     if (cache->per_row()) {
       std::tie(k, v) = cache->write_rows(layer, k, v);  // [B, Hkv, S, Dh]
-      return o_proj(nn::attention(q, k, v, mask).transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+      return o_proj(nn::attention(q, k, v, mask, score_).transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
     }
     at::Tensor& ck = cache->keys[layer];
     at::Tensor& cv = cache->values[layer];
@@ -65,7 +81,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     chunk->keys[layer] = k;
     chunk->values[layer] = v;
     const auto [keys, values] = chunk->exchange->exchange(k, v, layer);  // [B, Hkv, offset + T, Dh]
-    out = nn::attention(q, keys, values, mask);
+    out = nn::attention(q, keys, values, mask, score_);
   } else if (chunk != nullptr) {
     // ChunkFlow: the stored K/V of earlier chunks come first, this chunk's own last; they are never concatenated.
     chunk->keys[layer] = k;
@@ -74,45 +90,192 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     std::vector<at::Tensor> values = chunk->past_values.empty() ? std::vector<at::Tensor>{} : chunk->past_values[layer];
     keys.push_back(k);
     values.push_back(v);
-    out = nn::attention_blocks(q, keys, values, mask);
+    out = nn::attention_blocks(q, keys, values, mask, int64_t{1} << 23, score_);
   } else {
-    out = nn::attention(q, k, v, mask);
+    out = nn::attention(q, k, v, mask, score_);
   }
   return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
-MLPImpl::MLPImpl(const DecoderConfig& c) {
-  gate_proj = register_module("gate_proj", nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj = register_module("up_proj", nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj = register_module("down_proj", nn::Linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+MLPImpl::MLPImpl(const DecoderConfig& c) : act_(c.activation), intermediate_(c.intermediate_size) {
+  const ModuleNames& n = c.names;
+  if (c.mlp == MlpKind::kGated && c.fused_gate_up) {
+    gate_up_proj = register_module(n.gate_up_proj, nn::Linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias));
+  } else if (c.mlp == MlpKind::kGated) {
+    gate_proj = register_module(n.gate_proj, nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  }
+  if (!gate_up_proj) up_proj = register_module(n.up_proj, nn::Linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module(n.down_proj, nn::Linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  at::Tensor gate = gate_proj(x);
-  if (at::GradMode::is_enabled()) return down_proj(at::silu(gate) * up_proj(x));  // autograd keeps inputs
-  at::silu_(gate);
-  return down_proj(gate.mul_(up_proj(x)));
+  if (!gate_proj && !gate_up_proj) return down_proj(nn::activate(act_, up_proj(x)));  // plain: down(act(up(x)))
+  at::Tensor gate, up;  // [B, T, I] each
+  if (gate_up_proj) {
+    const at::Tensor both = gate_up_proj(x);  // [B, T, 2 I]: gate rows, then up rows
+    gate = both.narrow(-1, 0, intermediate_);
+    up = both.narrow(-1, intermediate_, intermediate_);
+    if (!at::GradMode::is_enabled()) gate = gate.contiguous();  // activated in place below
+  } else {
+    gate = gate_proj(x);
+    up = up_proj(x);
+  }
+  if (at::GradMode::is_enabled()) return down_proj(nn::activate(act_, gate) * up);  // autograd keeps inputs
+  return down_proj(nn::activate(act_, gate).mul_(up));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c) {
+SparseMoeImpl::SparseMoeImpl(const DecoderConfig& c) : top_k_(c.moe.top_k), norm_topk_(c.moe.norm_topk_prob) {
+  const MoeConfig& m = c.moe;
+  gate = register_module(m.router, nn::Linear(c.hidden_size, m.num_experts, false));
+  // Each expert is a gated MLP of the expert width under the expert names (Mixtral: w1 gate, w3 up, w2 down).
+  DecoderConfig expert = c;
+  expert.mlp = MlpKind::kGated;
+  expert.fused_gate_up = false;
+  expert.mlp_bias = false;
+  expert.intermediate_size = m.intermediate_size;
+  expert.names.gate_proj = m.gate_proj;
+  expert.names.up_proj = m.up_proj;
+  expert.names.down_proj = m.down_proj;
+  experts = register_module(m.experts, torch::nn::ModuleList());
+  for (int64_t e = 0; e < m.num_experts; ++e) experts->push_back(MLP(expert));
+  if (m.shared_intermediate_size > 0) {
+    expert.intermediate_size = m.shared_intermediate_size;
+    shared_expert = register_module(m.shared_expert, MLP(expert));
+    shared_expert_gate = register_module(m.shared_expert_gate, nn::Linear(c.hidden_size, 1, false));
+  }
+}
+
+at::Tensor SparseMoeImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), E = static_cast<int64_t>(experts->size());
+  const at::Tensor flat = x.reshape({B * T, D});              // [N, D]
+  router_logits = gate(flat).to(at::kFloat);                    // [N, E]
+  const at::Tensor probs = at::softmax(router_logits, -1);      // float32, as transformers
+  auto [weights, chosen] = probs.topk(top_k_, -1);              // [N, k] each
+  if (norm_topk_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  // Dispatch by index: the (token, choice) pairs sorted by expert; each expert runs once on its tokens.
+  const at::Tensor flat_choice = chosen.reshape({-1});                               // [N k]
+  const at::Tensor order = std::get<1>(flat_choice.sort(/*stable=*/true, 0, false));  // pairs grouped by expert
+  const at::Tensor counts = at::bincount(flat_choice, {}, E).cpu();                  // one host sync per layer
+  const int64_t* count = counts.data_ptr<int64_t>();
+  const at::Tensor pair_weight = weights.reshape({-1});  // [N k]
+  at::Tensor out = at::zeros_like(flat);                 // [N, D]
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (count[e] == 0) continue;
+    const at::Tensor pairs = order.narrow(0, start, count[e]);  // [n_e] indices into [N k]
+    start += count[e];
+    const at::Tensor tokens = at::div(pairs, top_k_, "floor");  // [n_e]
+    at::Tensor y = experts[e]->as<MLP>()->forward(flat.index_select(0, tokens));  // [n_e, D]
+    y = y * pair_weight.index_select(0, pairs).unsqueeze(1);
+    out = out.index_add(0, tokens, y);
+  }
+  if (shared_expert) out = out + at::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
+  return out.view({B, T, D});
+}
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k, const at::Tensor& valid) {
+  TORCH_CHECK(!router_logits.empty(), "load_balancing_loss: no router logits");
+  const at::Tensor logits = at::cat(router_logits, 0).to(at::kFloat);  // [L N, E]
+  const int64_t E = logits.size(1), layers = static_cast<int64_t>(router_logits.size());
+  const at::Tensor probs = at::softmax(logits, -1);
+  const at::Tensor chosen = std::get<1>(probs.topk(top_k, -1));        // [L N, k]
+  const at::Tensor mask = at::one_hot(chosen, E).to(at::kFloat);       // [L N, k, E]
+  at::Tensor tokens_per_expert, prob_per_expert;                       // [k, E], [E]
+  if (!valid.defined()) {
+    tokens_per_expert = mask.mean(0);
+    prob_per_expert = probs.mean(0);
+  } else {
+    const at::Tensor w = valid.reshape({-1}).to(at::kFloat).repeat({layers});  // [L N]
+    tokens_per_expert = (mask * w.view({-1, 1, 1})).sum(0) / w.sum();
+    prob_per_expert = (probs * w.view({-1, 1})).sum(0) / w.sum();
+  }
+  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(E);
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t index) : block_(c.block), mlp_name_(c.names.mlp) {
   self_attn = register_module("self_attn", Attention(c));
-  mlp = register_module("mlp", MLP(c));
-  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  if (c.moe.sparse(index)) {
+    moe = register_module(c.moe.block, SparseMoe(c));
+    mlp_name_ = c.moe.block;
+  } else {
+    mlp = register_module(c.names.mlp, MLP(c));
+  }
+  const auto norm = [&] { return nn::Norm(c.norm, c.hidden_size, c.rms_norm_eps); };
+  input_layernorm = register_module("input_layernorm", norm());
+  if (block_ != BlockLayout::kParallel) post_attention_layernorm = register_module("post_attention_layernorm", norm());
+  if (block_ == BlockLayout::kSandwich) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", norm());
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm", norm());
+  }
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      const at::Tensor& mask, nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer) {
-  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, chunk, layer);
-  return h + mlp(post_attention_layernorm(h));
+  switch (block_) {
+    case BlockLayout::kParallel: {  // Phi: both branches read the same normed input
+      const at::Tensor n = input_layernorm(x);
+      return (self_attn(n, cos, sin, mask, cache, chunk, layer) + feed_forward(n)) + x;
+    }
+    case BlockLayout::kSandwich: {  // Gemma 2: each branch's output is normed before the residual add
+      const at::Tensor h = x + post_attention_layernorm(self_attn(input_layernorm(x), cos, sin, mask, cache, chunk, layer));
+      return h + post_feedforward_layernorm(feed_forward(pre_feedforward_layernorm(h)));
+    }
+    case BlockLayout::kSequential:
+      break;
+  }
+  const at::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, chunk, layer);
+  return h + feed_forward(post_attention_layernorm(h));
+}
+
+std::vector<LinearGroup> DecoderLayerImpl::linear_groups() {
+  Attention& a = self_attn;
+  std::vector<LinearGroup> groups;
+  // The o_proj's registered name (o_proj, dense) is the attention module's last linear child.
+  const auto name_of = [](const torch::nn::Module& parent, const torch::nn::Module* child) {
+    for (const auto& item : parent.named_children()) {
+      if (item.value().get() == child) return item.key();
+    }
+    return std::string();
+  };
+  if (a->qkv_proj) {
+    groups.push_back({{"self_attn." + name_of(*a, a->qkv_proj.get()), a->qkv_proj.get()}});
+  } else {
+    groups.push_back({{"self_attn.q_proj", a->q_proj.get()},
+                      {"self_attn.k_proj", a->k_proj.get()},
+                      {"self_attn.v_proj", a->v_proj.get()}});
+  }
+  groups.push_back({{"self_attn." + name_of(*a, a->o_proj.get()), a->o_proj.get()}});
+  // An MLP's input projections, then its output projection; a sparse block's experts (and shared expert) each
+  // contribute theirs to the same two groups.
+  LinearGroup inputs, outputs;
+  const auto add_mlp = [&](MLPImpl& m, const std::string& prefix) {
+    if (m.gate_up_proj) inputs.push_back({prefix + name_of(m, m.gate_up_proj.get()), m.gate_up_proj.get()});
+    if (m.gate_proj) inputs.push_back({prefix + name_of(m, m.gate_proj.get()), m.gate_proj.get()});
+    if (m.up_proj) inputs.push_back({prefix + name_of(m, m.up_proj.get()), m.up_proj.get()});
+    outputs.push_back({prefix + name_of(m, m.down_proj.get()), m.down_proj.get()});
+  };
+  const std::string prefix = mlp_name_ + ".";
+  if (moe) {
+    SparseMoe& sm = moe;
+    const std::string experts = name_of(*sm, sm->experts.get());
+    for (size_t e = 0; e < sm->experts->size(); ++e) {
+      add_mlp(*sm->experts->ptr(e)->as<MLP>(), prefix + experts + "." + std::to_string(e) + ".");
+    }
+    if (sm->shared_expert) add_mlp(*sm->shared_expert, prefix + name_of(*sm, sm->shared_expert.get()) + ".");
+  } else {
+    add_mlp(*mlp, prefix);
+  }
+  groups.push_back(inputs);
+  groups.push_back(outputs);
+  return groups;
 }
 
 DecoderBodyImpl::DecoderBodyImpl(const DecoderConfig& c) {
   embed_tokens = register_module("embed_tokens", nn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c));
-  norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, i));
+  norm = register_module(c.names.final_norm, nn::Norm(c.norm, c.hidden_size, c.rms_norm_eps));
 }
 
 namespace {
@@ -135,7 +298,10 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     auto* call = reinterpret_cast<LayerCall*>(call_address);
     ctx->saved_data["call"] = call_address;
     ctx->save_for_backward({x});
-    return {call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, nullptr, call->index)};
+    at::Tensor out = call->layer->forward(x, call->cos, call->sin, call->mask, nullptr, nullptr, call->index);
+    // A sparse layer's router logits are a second output, so the load-balancing loss reaches the router.
+    if (call->layer->moe) return {out, call->layer->moe->router_logits};
+    return {out};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -162,7 +328,11 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     at::autocast::set_autocast_cpu_dtype(cpu_dtype_now);
     at::autocast::set_autocast_gpu_dtype(gpu_dtype_now);
     generator.set_state(rng_now);
-    torch::autograd::backward({out}, {grads[0]});
+    if (call->layer->moe && grads.size() > 1 && grads[1].defined()) {
+      torch::autograd::backward({out, call->layer->moe->router_logits}, {grads[0], grads[1]});
+    } else {
+      torch::autograd::backward({out}, {grads[0]});
+    }
     return {x.grad(), at::Tensor()};
   }
 };
@@ -174,7 +344,7 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
       // The rotary tables start at most kInitialRotaryPositions long and grow with the positions used, so a long
       // max_position_embeddings costs nothing until a sequence that long runs.
       rotary_(config_.head_dim, config_.rope_theta, config_.rope_scaling,
-              std::min<int64_t>(config_.max_position_embeddings, kInitialRotaryPositions)) {
+              std::min<int64_t>(config_.max_position_embeddings, kInitialRotaryPositions), config_.rotary_dim) {
   // A vision-language model keeps Hugging Face's tree: language_model.{model, lm_head} beside the vision
   // encoder's modules; a text model registers model and lm_head at the top.
   torch::nn::Module* lm_parent = this;
@@ -187,8 +357,25 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
   }
   model = lm_parent->register_module("model", DecoderBody(config_));
   if (!config_.tie_word_embeddings) {
-    lm_head = lm_parent->register_module("lm_head", nn::Linear(config_.hidden_size, config_.vocab_size, false));
+    lm_head = lm_parent->register_module("lm_head",
+                                         nn::Linear(config_.hidden_size, config_.vocab_size, config_.lm_head_bias));
   }
+}
+
+bool CausalLMImpl::is_router(const std::string& module_path) const {
+  const MoeConfig& m = config_.moe;
+  if (m.num_experts == 0) return false;
+  const auto ends_with = [&](const std::string& suffix) {
+    return module_path.size() >= suffix.size() &&
+           module_path.compare(module_path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with("." + m.block + "." + m.router) || ends_with("." + m.block + "." + m.shared_expert_gate);
+}
+
+at::Tensor CausalLMImpl::scale_inputs(const at::Tensor& embeddings) const {
+  if (config_.embedding_multiplier == 0) return embeddings;
+  // Hugging Face's normalizer is a tensor of the activations' dtype (sqrt(3072) is 55.5 in bfloat16).
+  return embeddings * at::scalar_tensor(config_.embedding_multiplier, embeddings.options().requires_grad(false));
 }
 
 std::string CausalLMImpl::language_model_prefix() const {
@@ -272,11 +459,21 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   } else {
     h = embed(input_ids, options.pixel_values, options.image_features);
   }
+  h = scale_inputs(h);
   const int64_t span = per_row ? options.cache->span(T) : past + T;
   auto [cos, sin] = rotary_.cos_sin(positions, span, h.scalar_type());
-  const at::Tensor mask =
-      per_row ? nn::build_row_mask(options.cache->lengths, T, span, config_.sliding_window, dev)
-              : nn::build_attention_mask(B, past, T, options.key_valid, config_.sliding_window, dev, options.segment_ids);
+  // One mask per distinct sliding window among the layers (Gemma 2 alternates windowed and global layers).
+  std::map<int64_t, at::Tensor> masks;
+  const auto mask_for = [&](int64_t layer) -> const at::Tensor& {
+    const int64_t window = config_.window(layer);
+    auto it = masks.find(window);
+    if (it == masks.end()) {
+      it = masks.emplace(window, per_row ? nn::build_row_mask(options.cache->lengths, T, span, window, dev)
+                                         : nn::build_attention_mask(B, past, T, options.key_valid, window, dev,
+                                                                    options.segment_ids)).first;
+    }
+    return it->second;
+  };
   const bool checkpointing = gradient_checkpointing_ && is_training() && at::GradMode::is_enabled() &&
                              options.cache == nullptr && options.chunk == nullptr;
   if (options.chunk != nullptr) {
@@ -290,8 +487,10 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   }
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     auto* layer = model->layers[i]->as<DecoderLayer>();
+    const at::Tensor& mask = mask_for(i);
     if (!checkpointing) {
       h = layer->forward(h, cos, sin, mask, options.cache, options.chunk, i);
+      if (options.router_logits != nullptr && layer->moe) options.router_logits->push_back(layer->moe->router_logits);
       continue;
     }
     auto call = std::make_shared<LayerCall>(LayerCall{layer, cos, sin, mask, i,
@@ -299,7 +498,9 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
                                                       at::autocast::is_cpu_enabled(), at::autocast::is_enabled(),
                                                       at::autocast::get_autocast_cpu_dtype(),
                                                       at::autocast::get_autocast_gpu_dtype()});
-    h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(call.get()))[0];
+    const auto outputs = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(call.get()));
+    h = outputs[0];
+    if (options.router_logits != nullptr && layer->moe) options.router_logits->push_back(outputs[1]);
     checkpoint_calls_.push_back(call);
   }
   if (per_row) {
@@ -317,19 +518,26 @@ at::Tensor CausalLMImpl::forward_layer(int64_t layer, const at::Tensor& h) {
   const at::Tensor positions =
       at::arange(T, at::TensorOptions().dtype(at::kLong).device(h.device())).unsqueeze(0).expand({B, T});
   auto [cos, sin] = rotary_.cos_sin(positions, T, h.scalar_type());
-  const at::Tensor mask = nn::build_attention_mask(B, 0, T, at::Tensor(), config_.sliding_window, h.device(), at::Tensor());
+  const at::Tensor mask = nn::build_attention_mask(B, 0, T, at::Tensor(), config_.window(layer), h.device(), at::Tensor());
   return model->layers[layer]->as<DecoderLayer>()->forward(h, cos, sin, mask, nullptr, nullptr, layer);
 }
 
 at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
-  if (lm_head) return lm_head(hidden);
+  at::Tensor out;  // [..., V]
   const at::Tensor& w = model->embed_tokens->weight;  // tied: [V, D]
-  if (hidden.numel() == w.size(1)) {  // one row: gemv, as nn::Linear does
+  if (lm_head) {
+    out = lm_head(hidden);
+  } else if (hidden.numel() == w.size(1)) {  // one row: gemv, as nn::Linear does
     auto shape = hidden.sizes().vec();
     shape.back() = w.size(0);
-    return at::mv(w, hidden.reshape({-1})).view(shape);
+    out = at::mv(w, hidden.reshape({-1})).view(shape);
+  } else {
+    out = at::linear(hidden, w);
   }
-  return at::linear(hidden, w);
+  const double cap = config_.final_logit_softcapping;
+  if (cap == 0) return out;
+  // Gemma 2: cap * tanh(logits / cap), as Hugging Face computes it; the loss sees the capped logits.
+  return at::GradMode::is_enabled() ? at::tanh(out / cap) * cap : out.div_(cap).tanh_().mul_(cap);
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& input_ids, const ForwardOptions& options) {

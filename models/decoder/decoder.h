@@ -32,6 +32,9 @@ struct ForwardOptions {
   at::Tensor image_features;
   /// [B, T, D]: used instead of looking input_ids up (and instead of pixel_values); input_ids still give B and T.
   at::Tensor inputs_embeds;
+  /// Mixture of experts: when set, receives each sparse layer's router logits [B*T, E] (float32, differentiable
+  /// in training), in layer order, for the load-balancing loss.
+  std::vector<at::Tensor>* router_logits = nullptr;
 };
 
 /// The seam a vision-language family fills: images in, language-model input embeddings out. Its child modules
@@ -43,41 +46,96 @@ class VisionEncoderImpl : public torch::nn::Module {
   virtual at::Tensor encode(const at::Tensor& pixel_values) = 0;
 };
 
+/// Linear layers of one decoder block that read the same input, in forward order, each with its module path
+/// inside the block (self_attn.q_proj, ...): GPTQ quantizes a block group by group.
+using LinearGroup = std::vector<std::pair<std::string, nn::LinearImpl*>>;
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const DecoderConfig& config);
-  /// x: [B, T, D] -> [B, T, D]. cos/sin: [B, 1, T, Dh]; mask as nn::attention takes it.
+  /// x: [B, T, D] -> [B, T, D]. cos/sin: [B, 1, T, R] (R rotary dims); mask as nn::attention takes it.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
                      nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer);
 
-  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};  // null when fused
+  nn::Linear qkv_proj{nullptr};  // fused q/k/v rows (Phi-3), else null
+  nn::Linear o_proj{nullptr};    // registered as ModuleNames::o_proj (Phi: dense)
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  nn::ScoreOptions score_;
 };
 TORCH_MODULE(Attention);
 
+/// The block's MLP: gated (down(act(gate(x)) * up(x)), gate and up optionally fused in gate_up_proj) or plain
+/// (down(act(up(x)))), under the family's module names.
 class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const DecoderConfig& config);
-  /// x: [B, T, D] -> down(silu(gate(x)) * up(x)): [B, T, D]
+  /// x: [B, T, D] -> [B, T, D]
   at::Tensor forward(const at::Tensor& x);
 
-  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};  // gate_proj null when plain or fused
+  nn::Linear gate_up_proj{nullptr};  // fused gate/up rows (Phi-3), else null
+
+ private:
+  nn::Activation act_;
+  int64_t intermediate_;
 };
 TORCH_MODULE(MLP);
 
+/// A sparse mixture-of-experts block (Mixtral's block_sparse_moe, Qwen2-MoE's mlp): the router's float32 softmax
+/// picks top_k experts per token (renormalised when norm_topk_prob); each expert runs on the tokens routed to it,
+/// gathered by index, and its weighted output is added back by index; Qwen2-MoE's shared expert adds
+/// sigmoid(shared_expert_gate(x)) * shared_expert(x) for every token.
+class SparseMoeImpl : public torch::nn::Module {
+ public:
+  explicit SparseMoeImpl(const DecoderConfig& config);
+  /// x: [B, T, D] -> [B, T, D]; the router logits [B*T, E] (float32) are kept in router_logits.
+  at::Tensor forward(const at::Tensor& x);
+
+  nn::Linear gate{nullptr};  // the router, registered as MoeConfig::router
+  torch::nn::ModuleList experts{nullptr};
+  MLP shared_expert{nullptr};             // Qwen2-MoE, else null
+  nn::Linear shared_expert_gate{nullptr};  // Qwen2-MoE, else null
+  at::Tensor router_logits;  // the last forward's [B*T, E]
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_;
+};
+TORCH_MODULE(SparseMoe);
+
+/// Hugging Face's load-balancing loss (load_balancing_loss_func) over the router logits of every sparse layer
+/// ([N, E] each, N tokens in the same order): E * sum_e f_e P_e summed over the k choices, f the fraction of
+/// tokens whose k-th choice is e, P the mean router probability; tokens where `valid` [N] (bool, may be
+/// undefined: all) is false are left out. A float32 scalar.
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k, const at::Tensor& valid);
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const DecoderConfig& config);
-  /// Pre-norm residual block. x: [B, T, D] -> [B, T, D]
+  /// Block `index` of the model (MoE: whether it is sparse).
+  DecoderLayerImpl(const DecoderConfig& config, int64_t index);
+  /// One residual block laid out as config.block says. x: [B, T, D] -> [B, T, D]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
                      nn::KVCache* cache, nn::ChunkKV* chunk, int64_t layer);
 
+  /// The block's linear layers grouped by shared input, in forward order (routers left out: they stay float).
+  std::vector<LinearGroup> linear_groups();
+  /// The feed-forward part: x [B, T, D] -> [B, T, D].
+  at::Tensor feed_forward(const at::Tensor& x) { return moe ? moe(x) : mlp(x); }
+
   Attention self_attn{nullptr};
-  MLP mlp{nullptr};
-  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  MLP mlp{nullptr};        // dense layers
+  SparseMoe moe{nullptr};  // sparse layers, registered as MoeConfig::block
+  nn::Norm input_layernorm{nullptr};
+  nn::Norm post_attention_layernorm{nullptr};  // null in a parallel block (Phi)
+  nn::Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // sandwich blocks (Gemma 2)
+
+ private:
+  BlockLayout block_;
+  std::string mlp_name_;
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -88,7 +146,7 @@ class DecoderBodyImpl : public torch::nn::Module {
 
   nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  nn::RMSNorm norm{nullptr};
+  nn::Norm norm{nullptr};  // registered as ModuleNames::final_norm
 };
 TORCH_MODULE(DecoderBody);
 
@@ -110,6 +168,9 @@ class CausalLMImpl : public torch::nn::Module {
   /// vision encoder, or the image positions are not N * image_seq_length.
   at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& pixel_values = {},
                    const at::Tensor& image_features = {});
+  /// What the decoder body does to its input embeddings [B, T, D] before the first layer: scales them by
+  /// embedding_multiplier (Gemma), cast to their dtype as Hugging Face does; the identity otherwise.
+  at::Tensor scale_inputs(const at::Tensor& embeddings) const;
   /// The vision encoder (null for text models).
   const std::shared_ptr<VisionEncoderImpl>& vision() const { return vision_; }
   /// Module-path prefix of the language model: "" for text models, "language_model." for LLaVA.
@@ -124,8 +185,12 @@ class CausalLMImpl : public torch::nn::Module {
   /// Decoder layer `layer` alone on hidden states h [B, T, D] at positions 0..T-1, causal, no cache:
   /// [B, T, D] -> [B, T, D], what the full forward computes there (layer-by-layer passes such as GPTQ's).
   at::Tensor forward_layer(int64_t layer, const at::Tensor& h);
-  /// Logits from final hidden states: [..., D] -> [..., V].
+  /// Logits from final hidden states: [..., D] -> [..., V] (capped when final_logit_softcapping is set).
   at::Tensor logits(const at::Tensor& hidden);
+
+  /// Whether the linear layer at `module_path` is a mixture-of-experts router or shared-expert gate (LoRA's
+  /// all-linear and quantization leave those alone).
+  bool is_router(const std::string& module_path) const;
 
   /// A KV cache sized for this model.
   nn::KVCache make_cache(int64_t batch, int64_t capacity) const;

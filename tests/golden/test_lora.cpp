@@ -33,37 +33,8 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
 
 using test::adapter_rel_error;
 
-// The HF batch of lora_step.json as our shifted-label Batch.
-Batch batch_from_reference(const Json& b) {
-  const at::Tensor ids = json_to_tensor(b["input_ids"]).to(at::kLong);  // [B, T]
-  // "labels" is either the list HF was given or a note that the labels are the input ids.
-  const at::Tensor hf_labels = b["labels"].is_array() ? json_to_tensor(b["labels"]).to(at::kLong) : ids;
-  Batch batch;
-  batch.input_ids = ids;
-  batch.labels = at::full_like(hf_labels, kIgnoreIndex);
-  const int64_t T = ids.size(1);
-  batch.labels.narrow(1, 0, T - 1).copy_(hf_labels.narrow(1, 1, T - 1));
-  if (b.contains("attention_mask")) batch.key_valid = json_to_tensor(b["attention_mask"]).to(at::kBool);
-  batch.position_ids = at::arange(T, at::kLong).unsqueeze(0).expand({ids.size(0), T}).contiguous();
-  batch.label_tokens = (batch.labels != kIgnoreIndex).sum().item<int64_t>();
-  batch.real_tokens = batch.key_valid.defined() ? batch.key_valid.sum().item<int64_t>() : ids.numel();
-  return batch;
-}
-
-TrainConfig reference_config(const std::string& model, const fs::path& adapter) {
-  TrainConfig c;
-  c.model = model;
-  c.dataset = {"unused"};
-  c.adapters = adapter.string();
-  c.learning_rate = 1e-3;
-  c.adam_beta1 = 0.9;
-  c.adam_beta2 = 0.999;
-  c.adam_epsilon = 1e-8;
-  c.weight_decay = 0.0;
-  c.max_grad_norm = 0.0;
-  c.lr_scheduler_type = "constant";
-  return c;
-}
+using test::batch_from_reference;
+using test::reference_config;
 
 TEST(PeftAdapter, StoriesAdaptersReproducePeftLogits) {
   SWIFTCPP_REQUIRE_SHARED(stories_ref());

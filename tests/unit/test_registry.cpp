@@ -43,7 +43,8 @@ std::string error_of(Fn fn) {
 TEST(Registry, ListsTheFamilies) {
   std::vector<std::string> types;
   for (const auto& spec : architectures()) types.push_back(spec.model_type);
-  EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "llava"}));
+  EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "starcoder2", "phi",
+                                             "phi3", "mixtral", "qwen2_moe", "llava"}));
 }
 
 TEST(Registry, LlavaConfigErrorsNameTheKey) {
