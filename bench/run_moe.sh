@@ -3,7 +3,7 @@
 # width, 2 active per token, so the same active parameters per token) and bench25m, decoded and trained with the
 # same programs and settings, back to back. Builds nothing.
 #
-#   bash bench/run_moe.sh      (after: cmake --build build)
+#   bash bench/run_moe.sh      (after: cmake --build build --target bench)
 #
 # Decode: build/bin/swiftcpp_bench_infer (prefill PROMPT_LEN, then greedy decode of NEW_TOKENS at batch 1, KV cache).
 # Train: build/bin/swiftcpp_bench_train (LoRA r 16 on every linear layer but the routers, float32, packed batches
@@ -31,7 +31,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 
 for b in swiftcpp_bench_infer swiftcpp_bench_train; do
     if [[ ! -x $BUILD_DIR/bin/$b ]]; then
-        echo "error: $BUILD_DIR/bin/$b not found. Build first: cmake --build $BUILD_DIR" >&2
+        echo "error: $BUILD_DIR/bin/$b not found. Build first: cmake --build $BUILD_DIR --target bench" >&2
         exit 1
     fi
 done
