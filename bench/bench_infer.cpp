@@ -1,5 +1,5 @@
 // Inference benchmark: prefill and greedy decode tokens/s and peak RSS, printed as one JSON line so
-// bench/run.sh can put it beside the eager PyTorch baseline (bench/baseline_infer.py).
+// bench/run.sh puts it beside llama.cpp's llama-bench and bench/run_pytorch.sh beside eager PyTorch.
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <sys/resource.h>
@@ -14,6 +14,8 @@
 #include "infer/sampling.h"
 #include "models/decoder/decoder.h"
 #include "nn/attention.h"
+#include "nn/kernels.h"
+#include "quant/gguf_model.h"
 
 using namespace swiftcpp;
 
@@ -51,22 +53,27 @@ int main(int argc, char** argv) {
   std::string model_dir, prompt_ids_file, device = "cpu", dtype = "float32", attention = "auto";
   int64_t prompt_len = 128, new_tokens = 128;
   int threads = 2, runs = 3;
+  int64_t batch = 1;
   app.add_option("--model", model_dir, "model folder")->required();
   app.add_option("--prompt-len", prompt_len, "prompt tokens");
   app.add_option("--new-tokens", new_tokens, "generated tokens (the first comes from the prefill)");
   app.add_option("--prompt-ids", prompt_ids_file, "JSON file with the prompt ids (shared with the baseline)");
   app.add_option("--threads", threads, "CPU threads");
   app.add_option("--runs", runs, "timed runs after one warm-up");
+  app.add_option("--batch", batch, "sequences decoded together (row b's prompt is the prompt rotated by b tokens)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--device", device, "cpu or cuda");
   app.add_option("--dtype", dtype, "float32, bfloat16 or float16");
   app.add_option("--attention", attention, "auto, math or sdpa");
   CLI11_PARSE(app, argc, argv);
   try {
     configure_threads(threads);
+    configure_allocator();
     if (attention == "math") nn::set_attention_backend(nn::AttentionBackend::kMath);
     if (attention == "sdpa") nn::set_attention_backend(nn::AttentionBackend::kSdpa);
     LoadOptions load{parse_device(device), parse_dtype(dtype)};
-    CausalLM model = load_causal_lm(model_dir, load);
+    load.quantized_kernels = true;  // as infer loads it
+    CausalLM model = fs::is_regular_file(model_dir) ? load_gguf_model(model_dir, load) : load_causal_lm(model_dir, load);
     std::vector<int64_t> prompt;
     if (!prompt_ids_file.empty()) {
       prompt = load_json_file(prompt_ids_file).get<std::vector<int64_t>>();
@@ -78,10 +85,14 @@ int main(int argc, char** argv) {
     greedy.temperature = 0;
     Sampler sampler(greedy);
     c10::InferenceMode guard;
-    const at::Tensor input = at::tensor(prompt, at::kLong).view({1, -1}).to(load.device);
+    std::vector<int64_t> rows;  // [batch, prompt_len], row b rotated by b
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i < prompt_len; ++i) rows.push_back(prompt[static_cast<size_t>((i + b) % prompt_len)]);
+    }
+    const at::Tensor input = at::tensor(rows, at::kLong).view({batch, prompt_len}).to(load.device);
     std::vector<double> prefill_rates, decode_rates;
     std::vector<int64_t> generated;
-    nn::KVCache cache = model->make_cache(1, prompt_len + new_tokens);  // allocated once, reused by every run
+    nn::KVCache cache = model->make_cache(batch, prompt_len + new_tokens);  // allocated once, reused by every run
     for (int r = 0; r < runs + 1; ++r) {
       std::vector<int64_t> ids;
       cache.length = 0;
@@ -90,28 +101,30 @@ int main(int argc, char** argv) {
       options.last_token_only = true;
       // Prefill: the prompt's forward and the first new token.
       const double t0 = now();
-      at::Tensor next = sampler.sample(model->forward(input, options).select(1, 0), {});
-      ids.push_back(next.item<int64_t>());
+      at::Tensor next = sampler.sample(model->forward(input, options).select(1, 0), {});  // [batch]
+      ids.push_back(next[0].item<int64_t>());
       const double t1 = now();
       // Decode: new_tokens - 1 single-token steps, each ending with the host knowing the token.
       for (int64_t i = 1; i < new_tokens; ++i) {
-        next = sampler.sample(model->forward(next.view({1, 1}).to(load.device), options).select(1, 0), {});
-        ids.push_back(next.item<int64_t>());
+        next = sampler.sample(model->forward(next.view({batch, 1}).to(load.device), options).select(1, 0), {});
+        ids.push_back(next[0].item<int64_t>());
       }
       const double t2 = now();
       if (r == 0) continue;  // warm-up
       if (r == 1) generated = ids;
-      prefill_rates.push_back(prompt_len / (t1 - t0));
-      decode_rates.push_back((new_tokens - 1) / (t2 - t1));
+      prefill_rates.push_back(static_cast<double>(batch * prompt_len) / (t1 - t0));
+      decode_rates.push_back(static_cast<double>(batch * (new_tokens - 1)) / (t2 - t1));
     }
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     Json out = {{"impl", "swiftcpp"},
                 {"model", model_dir},
                 {"threads", threads},
+                {"batch", batch},
                 {"device", device},
                 {"dtype", dtype},
                 {"blas", loaded_blas()},
+                {"kernels", kernels::isa_name(kernels::active_isa())},
                 {"prompt_len", prompt_len},
                 {"new_tokens", new_tokens},
                 {"decode_steps", new_tokens - 1},

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Markdown report for bench/run.sh: one table of results, one of swiftcpp/PyTorch ratios.
+"""Markdown report for bench/run_pytorch.sh: one table of results, one of swiftcpp/PyTorch ratios.
 
 Usage: report.py --command "CMD" RESULT.json...
 Each result file holds the stdout of one benchmark program; its last line that parses as a JSON object is used
@@ -79,7 +79,7 @@ def first_mismatch(a, b):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--command", default="bash bench/run.sh")
+    ap.add_argument("--command", default="bash bench/run_pytorch.sh")
     ap.add_argument("results", nargs="+")
     args = ap.parse_args()
     results = [load_result(p) for p in args.results]

@@ -105,6 +105,7 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   LoadOptions load;
   load.device = parse_device(o.device);
   load.dtype = parse_dtype(o.dtype);
+  load.quantized_kernels = true;  // eval only runs the model
   install_memory_tracking();
   ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
   CausalLM model = loaded.model;

@@ -354,6 +354,7 @@ SessionOptions ModelOptions::session() const {
   open.chat_template = chat_template;
   open.load.device = parse_device(device);
   open.load.dtype = parse_dtype(dtype);
+  open.load.quantized_kernels = true;  // infer and deploy only run the model
   return open;
 }
 

@@ -9,7 +9,10 @@
 
 #include <cstring>
 #include <fstream>
+#include <cmath>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <string>
 #include <thread>
 
@@ -41,6 +44,21 @@ void configure_allocator() {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
 #endif
+}
+
+int parallel_loop_threads() {
+  std::mutex mutex;
+  std::set<std::thread::id> seen;
+  // One index a chunk, each chunk long enough that a second thread starts before the first has taken them all.
+  at::parallel_for(0, 64, 1, [&](int64_t begin, int64_t end) {
+    volatile double sink = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      for (int k = 0; k < 20000; ++k) sink = sink + std::sqrt(static_cast<double>(k + i));
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int>(seen.size());
 }
 
 int configure_threads(int threads) {

@@ -12,6 +12,11 @@ int usable_cores();
 /// Sets LibTorch's intra-op thread count; `threads <= 0` means usable_cores(). Returns the count set.
 int configure_threads(int threads);
 
+/// How many threads a parallel loop of the library (at::parallel_for) runs on now. at::parallel_for is a header
+/// template: compiled without OpenMP it runs the whole range on the calling thread, so this is 1 where the build
+/// left OpenMP out of the files that split work (CMakeLists.txt), LibTorch's intra-op thread count otherwise.
+int parallel_loop_threads();
+
 /// Keeps freed large blocks in the heap for reuse (glibc malloc: mmap threshold 1 GiB, trim threshold 2 GiB).
 /// Training allocates and frees the same large activation tensors every step; with glibc's defaults each of them
 /// is a fresh mmap whose pages fault in again (measured: 4x slower LoRA steps on stories260K, most time in the

@@ -1,13 +1,16 @@
 #include "nn/attention.h"
 
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
 
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
+#include "nn/kernels.h"
 
 namespace swiftcpp::nn {
 
@@ -43,6 +46,63 @@ at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const at::Te
   const auto softmax_dtype = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor probs = at::softmax(scores, -1, softmax_dtype).to(q.scalar_type());
   return at::matmul(probs, v).view({B, H, T, Dh});
+}
+
+// Decode steps (a few queries per row, float32, CPU, no autograd) over K/V whose rows are contiguous (the cache's
+// views): per (row, head, query) the scores are one GEMV over the keys and the output one pass over the values,
+// with no intermediate tensors. The same operations as attention_math in another summation order.
+constexpr int64_t kDecodeQueries = 16;
+bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  const auto contiguous_rows = [&](const at::Tensor& t) { return t.stride(3) == 1 && t.stride(2) == q.size(3); };
+  return !at::GradMode::is_enabled() && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && q.size(2) <= kDecodeQueries &&
+         contiguous_rows(k) && contiguous_rows(v) && k.size(3) == q.size(3) &&
+         (!mask.defined() || (mask.dim() == 4 && mask.size(2) == q.size(2) && mask.size(3) == k.size(2)));
+}
+
+at::Tensor attention_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            const ScoreOptions& score) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
+  const int64_t S = k.size(2), G = H / k.size(1);
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor m = mask.defined() ? mask.to(at::kBool).contiguous() : at::Tensor();  // [B|1, 1, T, S]
+  at::Tensor out = at::zeros({B, H, T, Dh}, q.options());
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* mp = m.defined() ? m.data_ptr<bool>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const float root = std::sqrt(static_cast<float>(Dh)), scale = static_cast<float>(score.scale);
+  const float cap = static_cast<float>(score.softcap);
+  at::parallel_for(0, B * H, B * H >= 8 ? 1 : B * H, [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(static_cast<size_t>(S));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H;
+      const float* kh = kp + b * k.stride(0) + (h / G) * k.stride(1);  // [S, Dh]
+      const float* vh = vp + b * v.stride(0) + (h / G) * v.stride(1);  // [S, Dh]
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qrow = qp + ((b * H + h) * T + t) * Dh;
+        kernels::gemv_f32(kh, Dh, qrow, Dh, 1, p.data(), S, 0, S);  // q . k_j
+        const bool* allowed = mp == nullptr ? nullptr : mp + ((m.size(0) == 1 ? 0 : b) * T + t) * S;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < S; ++j) {
+          float s = scale == 0 ? p[j] / root : p[j] * scale;
+          if (cap > 0) s = std::tanh(s / cap) * cap;
+          if (allowed != nullptr && !allowed[j]) s = -std::numeric_limits<float>::infinity();
+          p[j] = s;
+          top = std::max(top, s);
+        }
+        float sum = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          p[j] = std::exp(p[j] - top);
+          sum += p[j];
+        }
+        for (int64_t j = 0; j < S; ++j) p[j] /= sum;
+        kernels::accumulate_rows(p.data(), vh, Dh, S, Dh, op + ((b * H + h) * T + t) * Dh);
+      }
+    }
+  });
+  return out;
 }
 
 // Softmax statistics and products run in float32 for float32/bf16/fp16 inputs, float64 for float64.
@@ -242,6 +302,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 #endif
   if (g_recompute && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
     return attention_blocks(q, {k}, {v}, mask, int64_t{1} << 23, score);
+  }
+  if (g_backend != AttentionBackend::kMath && decode_attention_applies(q, k, v, mask)) {
+    return attention_decode(q, k, v, mask, score);
   }
   return attention_math(q, k, v, mask, score);
 }

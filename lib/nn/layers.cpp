@@ -2,9 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "core/error.h"
+#include "nn/kernels.h"
 #include "nn/row_adapters.h"
 #include "quant/packed.h"
 
@@ -24,18 +29,225 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool has_bias)
 }
 
 namespace {
-at::Tensor base_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  // One row (a decode step at batch 1): LibTorch 1.13 sends a one-row linear to sgemm, which is several times
-  // slower than gemv on large weights (the 32000 x 512 lm_head: 12.6 ms against 5 ms here).
-  if (x.numel() == weight.size(1)) {
+// Input rows of x [..., in] when a decode kernel should take it: no autograd, CPU, at most kKernelMaxRows rows;
+// 0 otherwise.
+int64_t kernel_rows(const at::Tensor& x, int64_t in) {
+  if (at::GradMode::is_enabled() || !x.device().is_cpu() || x.numel() == 0 || x.size(-1) != in) return 0;
+  const int64_t rows = x.numel() / in;
+  return rows <= kKernelMaxRows ? rows : 0;
+}
+
+// Splits output rows [0, out) over LibTorch's intra-op threads, in chunks of whole 16-row groups.
+template <typename Fn>
+void over_rows(int64_t out, int64_t work_per_row, Fn fn) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  // Below ~64k multiply-adds a second thread costs more than it saves.
+  const int64_t grain = out * work_per_row < (int64_t{1} << 16) ? out : ((out + threads - 1) / threads + 15) / 16 * 16;
+  at::parallel_for(0, out, std::max<int64_t>(grain, 1), fn);
+}
+
+kernels::QuantMatrix view_of(const QuantBlocks& b) {
+  kernels::QuantMatrix m;
+  m.q = b.q.data_ptr<uint8_t>();
+  m.scales = b.scales.data_ptr<float>();
+  m.zeros = b.zeros.data_ptr<uint8_t>();
+  m.rows = b.rows;
+  m.cols = b.cols;
+  m.blocks = b.blocks;
+  m.bits = b.bits;
+  return m;
+}
+
+// The input of a kernel pass: x as float32 rows [M, in], and for block-quantised weights padded to whole blocks
+// [M, blocks * 32] with each block's sum [M, blocks], or (kernels::quant_takes_int8_activations) quantised to int8
+// per block: xq [M, blocks * 32], d [M, blocks], xq's block sums [M, blocks].
+struct KernelInput {
+  int64_t rows = 0, in = 0, blocks = 0;
+  bool int8 = false;
+  at::Tensor x, padded, sums, xq, d, xqsum;
+  KernelInput(const at::Tensor& input, int64_t rows_, int64_t in_, bool quantised) : rows(rows_), in(in_) {
+    x = input.reshape({rows, in}).to(at::kFloat).contiguous();
+    if (!quantised) return;
+    blocks = (in + kernels::kBlock - 1) / kernels::kBlock;
+    padded = blocks * kernels::kBlock == in ? x : at::constant_pad_nd(x, {0, blocks * kernels::kBlock - in}).contiguous();
+    int8 = kernels::quant_takes_int8_activations();
+    if (!int8) {
+      sums = padded.view({rows, blocks, kernels::kBlock}).sum(-1).contiguous();
+      return;
+    }
+    xq = at::empty({rows, blocks * kernels::kBlock}, at::kChar);
+    d = at::empty({rows, blocks}, at::kFloat);
+    xqsum = at::empty({rows, blocks}, at::kInt);
+    kernels::quantize_activations(padded.data_ptr<float>(), rows, blocks, xq.data_ptr<int8_t>(), d.data_ptr<float>(),
+                                  xqsum.data_ptr<int32_t>());
+  }
+};
+
+// One layer's share of a kernel pass: its weight, output width and bias.
+struct KernelJob {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  const QuantBlocks* quant = nullptr;
+  int64_t out = 0;
+  at::Tensor bias;
+  at::Tensor y;  // [rows, out] float32
+};
+
+// A job for `weight` (float32 or bfloat16, contiguous, CPU) when the kernels can run it with input dtype `dtype`.
+bool dense_job(const at::Tensor& weight, at::ScalarType dtype, KernelJob& job) {
+  if (!weight.defined() || weight.dim() != 2 || !weight.device().is_cpu() || !weight.is_contiguous() ||
+      weight.scalar_type() != dtype) {
+    return false;
+  }
+  if (dtype == at::kFloat) {
+    job.f32 = weight.data_ptr<float>();
+  } else if (dtype == at::kBFloat16) {
+    job.bf16 = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  } else {
+    return false;
+  }
+  job.out = weight.size(0);
+  return true;
+}
+
+// Runs every job's rows in one pass over the threads; each job's y is filled.
+void run_jobs(std::vector<KernelJob>& jobs, const KernelInput& in) {
+  int64_t total = 0;
+  for (KernelJob& j : jobs) {
+    j.y = at::empty({in.rows, j.out}, at::TensorOptions().dtype(at::kFloat));
+    total += j.out;
+  }
+  std::vector<kernels::QuantMatrix> views(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].quant != nullptr) views[i] = view_of(*jobs[i].quant);
+  }
+  over_rows(total, in.in * in.rows, [&](int64_t r0, int64_t r1) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const KernelJob& j = jobs[i];
+      const int64_t lo = std::max(r0, offset) - offset, hi = std::min(r1, offset + j.out) - offset;
+      offset += j.out;
+      if (lo >= hi) continue;
+      float* y = j.y.data_ptr<float>();
+      if (j.quant != nullptr && in.int8) {
+        kernels::gemv_quant_q8(views[i], in.xq.data_ptr<int8_t>(), in.d.data_ptr<float>(), in.xqsum.data_ptr<int32_t>(),
+                               in.rows, y, j.out, lo, hi);
+      } else if (j.quant != nullptr) {
+        kernels::gemv_quant(views[i], in.padded.data_ptr<float>(), in.blocks * kernels::kBlock, in.sums.data_ptr<float>(),
+                            in.rows, y, j.out, lo, hi);
+      } else if (j.f32 != nullptr) {
+        kernels::gemv_f32(j.f32, in.in, in.x.data_ptr<float>(), in.in, in.rows, y, j.out, lo, hi);
+      } else {
+        kernels::gemv_bf16(j.bf16, in.in, in.x.data_ptr<float>(), in.in, in.rows, y, j.out, lo, hi);
+      }
+    }
+  });
+}
+
+// y [rows, out] float32 -> the caller's shape and dtype, plus bias.
+at::Tensor finish_rows(at::Tensor y, const at::Tensor& x, const at::Tensor& bias) {
+  if (bias.defined()) y.add_(bias.to(at::kFloat));
+  auto shape = x.sizes().vec();
+  shape.back() = y.size(1);
+  return y.to(x.scalar_type()).view(shape);
+}
+
+// Rows [o0, o0 + n) of W as float32 [n, cols].
+at::Tensor dequantize_tile(const QuantBlocks& b, int64_t o0, int64_t n) {
+  at::Tensor w = at::empty({n, b.cols}, at::TensorOptions().dtype(at::kFloat));
+  const kernels::QuantMatrix m = view_of(b);
+  float* out = w.data_ptr<float>();
+  over_rows(n, b.cols, [&](int64_t r0, int64_t r1) {
+    kernels::dequantize_rows(m, o0 + r0, o0 + r1, out + r0 * b.cols, b.cols);
+  });
+  return w;
+}
+}  // namespace
+
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const int64_t rows = kernel_rows(x, in);
+  std::vector<KernelJob> jobs(1);
+  if (rows > 0 && dense_job(weight, x.scalar_type(), jobs[0])) {
+    run_jobs(jobs, KernelInput(x, rows, in, false));
+    return finish_rows(jobs[0].y, x, bias);
+  }
+  // One row elsewhere (a decode step at batch 1 on another device or dtype): LibTorch 1.13 sends a one-row linear
+  // to sgemm, several times slower than gemv on large weights.
+  if (x.numel() == in) {
     auto shape = x.sizes().vec();
-    shape.back() = weight.size(0);
+    shape.back() = out;
     const at::Tensor row = x.reshape({-1});
     return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row)).view(shape);
   }
   return at::linear(x, weight, bias);
 }
-}  // namespace
+
+QuantBlocks QuantBlocks::from_values(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("QuantBlocks: bits must be 4 or 8");
+  if (q.dim() != 2) throw std::invalid_argument("QuantBlocks: q must be [rows, cols]");
+  QuantBlocks b;
+  b.rows = q.size(0);
+  b.cols = q.size(1);
+  b.blocks = (b.cols + kernels::kBlock - 1) / kernels::kBlock;
+  b.bits = bits;
+  if (scales.sizes() != at::IntArrayRef{b.rows, b.blocks} || zeros.sizes() != at::IntArrayRef{b.rows, b.blocks}) {
+    throw std::invalid_argument("QuantBlocks: scales and zeros must be [rows, blocks]");
+  }
+  b.scales = scales.to(at::kCPU, at::kFloat).contiguous();
+  b.zeros = zeros.to(at::kCPU, at::kByte).contiguous();
+  // Pad to whole blocks with each row's last zero point (weights of zero there).
+  at::Tensor values = q.to(at::kCPU, at::kByte);
+  const int64_t padded = b.blocks * kernels::kBlock;
+  if (padded != b.cols) {
+    const at::Tensor pad = b.zeros.narrow(1, b.blocks - 1, 1).expand({b.rows, padded - b.cols});
+    values = at::cat({values, pad}, 1);
+  }
+  values = values.contiguous();
+  if (bits == 8) {
+    b.q = values;
+  } else {
+    // [rows, blocks, 2, 16] -> byte j of a block: low nibble column j, high nibble column j + 16.
+    const at::Tensor v = values.view({b.rows, b.blocks, 2, kernels::kBlock / 2});
+    b.q = (v.select(2, 0) | v.select(2, 1).mul(16)).contiguous().view({b.rows, b.blocks * kernels::kBlock / 2});
+  }
+  return b;
+}
+
+QuantBlocks QuantBlocks::select_rows(const at::Tensor& order) const {
+  QuantBlocks b = *this;
+  b.q = q.index_select(0, order).contiguous();
+  b.scales = scales.index_select(0, order).contiguous();
+  b.zeros = zeros.index_select(0, order).contiguous();
+  return b;
+}
+
+at::Tensor QuantBlocks::dequantize() const { return dequantize_tile(*this, 0, rows); }
+
+int64_t QuantBlocks::nbytes() const {
+  return static_cast<int64_t>(q.nbytes() + scales.nbytes() + zeros.nbytes());
+}
+
+at::Tensor quant_blocks_linear(const at::Tensor& x, const QuantBlocks& w, const at::Tensor& bias) {
+  const int64_t rows = kernel_rows(x, w.cols);
+  if (rows > 0) {
+    std::vector<KernelJob> jobs(1);
+    jobs[0].quant = &w;
+    jobs[0].out = w.rows;
+    run_jobs(jobs, KernelInput(x, rows, w.cols, true));
+    return finish_rows(jobs[0].y, x, bias);
+  }
+  // Many rows, or autograd: W expanded to x's dtype tile by tile (about 2^22 weights each), constants to autograd.
+  const int64_t tile = std::max<int64_t>(16, (int64_t{1} << 22) / std::max<int64_t>(w.cols, 1));
+  if (tile >= w.rows) return at::linear(x, dequantize_tile(w, 0, w.rows).to(x.device(), x.scalar_type()), bias);
+  std::vector<at::Tensor> parts;
+  for (int64_t o0 = 0; o0 < w.rows; o0 += tile) {
+    const int64_t n = std::min(tile, w.rows - o0);
+    parts.push_back(at::linear(x, dequantize_tile(w, o0, n).to(x.device(), x.scalar_type()),
+                               bias.defined() ? bias.narrow(0, o0, n) : at::Tensor()));
+  }
+  return at::cat(parts, -1);
+}
 
 namespace {
 thread_local const RowAdapters* t_row_adapters = nullptr;
@@ -48,7 +260,9 @@ RowAdaptersScope::~RowAdaptersScope() { t_row_adapters = previous_; }
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   if (input_observer) input_observer(x);
   // A packed layer multiplies tile by tile and never holds its float weight (DoRA's norm below excepted).
-  at::Tensor out = packed ? packed_linear(x, packed, bias) : base_linear(x, weight, bias);  // [..., out]
+  at::Tensor out = blocks ? quant_blocks_linear(x, *blocks, bias)
+                   : packed ? packed_linear(x, packed, bias)
+                            : dense_linear(x, weight, bias);  // [..., out]
   if (const RowAdapters* rows = t_row_adapters) out = rows->apply(*this, x, out);
   if (!lora) return out;
   const LoraWeights& a = *lora;
@@ -59,15 +273,43 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   at::Tensor norm;
   {
     at::NoGradGuard no_grad;
-    const at::Tensor w = packed ? packed->dequantize(at::kFloat) : weight;  // [out, in]
+    const at::Tensor w = blocks ? blocks->dequantize() : packed ? packed->dequantize(at::kFloat) : weight;  // [out, in]
     const at::Tensor merged = w.to(at::kFloat) + a.scale * at::mm(a.lora_B.to(at::kFloat), a.lora_A.to(at::kFloat));
     norm = merged.norm(2, {1}).to(a.magnitude.scalar_type());  // [out]
   }
   const at::Tensor ratio = a.magnitude / norm;  // [out]
   const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out
+                            : blocks                       ? quant_blocks_linear(xd, *blocks, at::Tensor())
                             : packed                       ? packed_linear(xd, packed, at::Tensor())
                                                            : at::linear(xd, weight);
   return out + (ratio - 1) * base_d + ratio * delta * a.scale;
+}
+
+std::vector<at::Tensor> linear_group(const std::vector<LinearImpl*>& layers, const at::Tensor& x) {
+  const int64_t in = layers.empty() ? 0 : layers.front()->in_features();
+  const int64_t rows = kernel_rows(x, in);
+  std::vector<KernelJob> jobs(layers.size());
+  bool ready = rows > 0 && t_row_adapters == nullptr, quantised = false;
+  for (size_t i = 0; ready && i < layers.size(); ++i) {
+    const LinearImpl& l = *layers[i];
+    ready = l.in_features() == in && !l.lora && !l.input_observer && !l.packed;
+    if (ready && l.blocks) {
+      jobs[i].quant = l.blocks.get();
+      jobs[i].out = l.blocks->rows;
+      quantised = true;
+    } else if (ready) {
+      ready = dense_job(l.weight, x.scalar_type(), jobs[i]);
+    }
+    jobs[i].bias = l.bias;
+  }
+  std::vector<at::Tensor> outs;
+  if (!ready) {
+    for (LinearImpl* l : layers) outs.push_back(l->forward(x));
+    return outs;
+  }
+  run_jobs(jobs, KernelInput(x, rows, in, quantised));
+  for (KernelJob& j : jobs) outs.push_back(finish_rows(j.y, x, j.bias));
+  return outs;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim) {
@@ -101,7 +343,32 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
   return rms_norm(x, weight, eps, kind == NormKind::kRMSNormOffset);
 }
 
+namespace {
+// Decode rows of float32 on the CPU without autograd: one loop instead of LibTorch's six ops.
+bool small_float_rows(const at::Tensor& x, int64_t width) {
+  return !at::GradMode::is_enabled() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.numel() > 0 &&
+         x.numel() / width <= kKernelMaxRows * 64;
+}
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool unit_offset) {
+  const int64_t dim = x.size(-1);
+  if (small_float_rows(x, dim) && x.is_contiguous() && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+      weight.numel() == dim) {
+    at::Tensor out = at::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    const float* w = weight.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    const float offset = unit_offset ? 1.0f : 0.0f;
+    for (int64_t r = 0; r < x.numel() / dim; ++r) {
+      const float* row = in + r * dim;
+      float sum = 0;
+      for (int64_t i = 0; i < dim; ++i) sum += row[i] * row[i];
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
+      for (int64_t i = 0; i < dim; ++i) o[r * dim + i] = row[i] * inv * (w[i] + offset);
+    }
+    return out;
+  }
   const auto input_dtype = x.scalar_type();
   // Half-precision inputs are normalised in float32 as Hugging Face does; float32 and float64 stay as they are.
   const bool upcast = input_dtype != at::kFloat && input_dtype != at::kDouble;
@@ -204,6 +471,34 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t rotated = cos.size(-1);
+  if (x.dim() == 4 && small_float_rows(x, x.size(-1)) && cos.scalar_type() == at::kFloat && cos.dim() == 4 &&
+      cos.size(1) == 1 && cos.size(2) == x.size(2) && (cos.size(0) == x.size(0) || cos.size(0) == 1)) {
+    // x [B, H, T, Dh] (any strides) -> contiguous [B, H, T, Dh]; cos/sin [B or 1, 1, T, R].
+    const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), half = rotated / 2;
+    const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+    at::Tensor out = at::empty({B, H, T, D}, x.options());
+    const float* cp = c.data_ptr<float>();
+    const float* sp = s.data_ptr<float>();
+    const float* xp = x.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+          const int64_t st = x.stride(3);
+          const float* cr = cp + ((c.size(0) == 1 ? 0 : b) * T + t) * rotated;
+          const float* sr = sp + ((s.size(0) == 1 ? 0 : b) * T + t) * rotated;
+          float* o = op + ((b * H + h) * T + t) * D;
+          for (int64_t i = 0; i < half; ++i) {
+            o[i] = in[i * st] * cr[i] + in[(i + half) * st] * sr[i];
+            o[i + half] = in[(i + half) * st] * cr[i + half] + in[i * st] * sr[i + half];
+          }
+          for (int64_t i = rotated; i < D; ++i) o[i] = in[i * st];
+        }
+      }
+    }
+    return out;
+  }
   if (rotated < x.size(-1)) {  // partial rotary: the leading dimensions rotate, the rest pass
     const at::Tensor head = apply_rotary(x.narrow(-1, 0, rotated), cos, sin);
     return at::cat({head, x.narrow(-1, rotated, x.size(-1) - rotated)}, -1);

@@ -15,6 +15,39 @@ struct PackedWeight;
 
 namespace swiftcpp::nn {
 
+/// Integer weights in the layout the CPU decode kernels read (nn/kernels.h QuantMatrix): W [rows, cols] with
+/// columns in blocks of 32, W[o, i] = scales[o, b] * (q[o, i] - zeros[o, b]), the last block padded with zero
+/// weights. GGUF Q8_0 / Q4_0 tensors and GPTQ-layout layers whose groups are whole blocks convert to it without
+/// rounding anything.
+struct QuantBlocks {
+  at::Tensor q;       // uint8 [rows, blocks * 32 * bits / 8]: bits 8 one byte a column; bits 4 Q4_0's nibble order
+  at::Tensor scales;  // float32 [rows, blocks]
+  at::Tensor zeros;   // uint8 [rows, blocks]
+  int64_t rows = 0, cols = 0, blocks = 0;
+  int bits = 8;
+
+  /// From integers q [rows, cols] in [0, 2^bits), scales [rows, blocks] and zero points [rows, blocks] (any
+  /// numeric dtypes, CPU). Throws std::invalid_argument for bits other than 4 and 8 or mismatched shapes.
+  static QuantBlocks from_values(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros, int bits);
+  /// The same rows in another order: rows[k] of this becomes row k ([rows] int64).
+  QuantBlocks select_rows(const at::Tensor& rows) const;
+  /// W [rows, cols] float32 (a transient tensor).
+  at::Tensor dequantize() const;
+  /// Bytes held.
+  int64_t nbytes() const;
+};
+
+/// y = x W^T + bias for x [..., cols] with W in QuantBlocks: a few rows (decode steps) without autograd run the
+/// block kernels; otherwise W is expanded to float tile by tile and multiplied (differentiable in x).
+at::Tensor quant_blocks_linear(const at::Tensor& x, const QuantBlocks& w, const at::Tensor& bias);
+
+/// y = x W^T (+ bias) for a float weight [out, in]: a few rows (decode steps) of float32 or bfloat16 on the CPU
+/// without autograd run the kernels of nn/kernels.h; anything else runs LibTorch's linear.
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+/// Input rows up to which the decode kernels replace LibTorch's GEMM.
+constexpr int64_t kKernelMaxRows = 16;
+
 /// A low-rank adapter on a Linear (LoRA, optionally DoRA). Not registered as module parameters: the base model's
 /// parameter list stays the checkpoint's, and lib/peft names these tensors in the PEFT layout.
 struct LoraWeights {
@@ -41,6 +74,9 @@ class LinearImpl : public torch::nn::Module {
   /// Integer weights in the GPTQ layout (lib/quant/packed.h), multiplied tile by tile (quant::packed_linear).
   /// Null: `weight` is used.
   std::shared_ptr<const PackedWeight> packed;
+  /// Integer weights in the decode kernels' layout (inference: a GGUF's Q8_0/Q4_0 tensors, or `packed` converted
+  /// by prepare_for_inference). Null: `packed` or `weight` is used.
+  std::shared_ptr<const QuantBlocks> blocks;
   /// Called with each forward's input x [..., in] (GPTQ collects its Hessians this way). Empty: nothing.
   std::function<void(const at::Tensor&)> input_observer;
 
@@ -51,6 +87,12 @@ class LinearImpl : public torch::nn::Module {
   int64_t in_features_, out_features_;
 };
 TORCH_MODULE(Linear);
+
+/// Linear layers that read the same input x [..., in] (q/k/v, gate/up), run together: their outputs in order. Decode
+/// rows without autograd, where every layer has kernel-ready weights (float32, bfloat16 or QuantBlocks on the CPU)
+/// and nothing attached (no LoRA, row adapters or input observer), share one pass over the threads; otherwise each
+/// layer runs its own forward.
+std::vector<at::Tensor> linear_group(const std::vector<LinearImpl*>& layers, const at::Tensor& x);
 
 /// Token embedding table `weight` [vocab, dim] (a placeholder until a checkpoint fills it, as in Linear).
 class EmbeddingImpl : public torch::nn::Module {

@@ -408,7 +408,7 @@ void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, linear] : linear_layers(model)) {
     if (!linear->lora) continue;
-    if (linear->packed) {
+    if (linear->packed || linear->blocks) {
       fail<ConfigError>("{}: an adapter cannot be merged into packed integer weights; merge it onto the float base "
                         "model (swiftcpp export --model FLOAT_DIR --adapters ...)", path);
     }

@@ -1,12 +1,16 @@
 #include "quant/gguf_model.h"
 
+#include <ATen/Parallel.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 
 #include "core/error.h"
 #include "core/text.h"
+#include "nn/layers.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {
@@ -555,6 +559,50 @@ DecoderConfig gguf_decoder_config(const GgufFile& f) {
   return c;
 }
 
+namespace {
+
+// A Q8_0 or Q4_0 tensor [rows, cols] as nn::QuantBlocks, without rounding: Q8_0's int8 q becomes q + 128 with zero
+// point 128, Q4_0's nibbles (zero point 8, the same byte order) are copied; each block's float16 d is its scale.
+nn::QuantBlocks gguf_blocks(const GgufFile& f, const GgufTensorInfo& info) {
+  const std::vector<int64_t> shape = info.torch_shape();
+  const int64_t rows = shape.at(0), cols = shape.at(1), blocks = cols / 32;
+  const bool q8 = info.type == GgmlType::Q8_0;
+  const int64_t block_bytes = q8 ? 34 : 18, data_bytes = q8 ? 32 : 16;
+  nn::QuantBlocks b;
+  b.rows = rows;
+  b.cols = cols;
+  b.blocks = blocks;
+  b.bits = q8 ? 8 : 4;
+  b.q = at::empty({rows, blocks * data_bytes}, at::kByte);
+  b.scales = at::empty({rows, blocks}, at::kFloat);
+  b.zeros = at::full({rows, blocks}, q8 ? 128 : 8, at::kByte);
+  const uint8_t* src = f.data(info);
+  uint8_t* q = b.q.data_ptr<uint8_t>();
+  float* scales = b.scales.data_ptr<float>();
+  at::parallel_for(0, rows * blocks, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t* block = src + i * block_bytes;
+      uint16_t d;
+      std::memcpy(&d, block, sizeof d);
+      scales[i] = static_cast<float>(c10::Half(d, c10::Half::from_bits()));
+      uint8_t* dst = q + i * data_bytes;
+      if (q8) {
+        for (int j = 0; j < 32; ++j) dst[j] = static_cast<uint8_t>(block[2 + j] ^ 0x80);  // int8 + 128
+      } else {
+        std::memcpy(dst, block + 2, 16);
+      }
+    }
+  });
+  return b;
+}
+
+// The row order permute_qk_inverse gives a [rows, *] weight: row k of the result is row order[k] of the input.
+at::Tensor row_order(int64_t rows, int64_t heads) {
+  return permute_qk_inverse(at::arange(rows, at::kFloat).view({rows, 1}), heads).view({rows}).to(at::kLong);
+}
+
+}  // namespace
+
 CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options) {
   const auto f = GgufFile::open(file);
   const DecoderConfig c = gguf_decoder_config(*f);
@@ -562,6 +610,13 @@ CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options) {
   std::vector<std::string> missing, misshaped;
   std::set<std::string> used;
   at::NoGradGuard no_grad;
+  // Inference on the CPU: linear layers stored as Q8_0 / Q4_0 keep their blocks (nn::QuantBlocks).
+  std::map<std::string, nn::LinearImpl*> linears;
+  if (options.quantized_kernels && options.device.is_cpu()) {
+    for (const auto& m : model->named_modules("", /*include_self=*/false)) {
+      if (auto* linear = m.value()->as<nn::Linear>()) linears[m.key() + ".weight"] = linear;
+    }
+  }
   for (auto& item : model->named_parameters(true)) {
     const std::string name = gguf_tensor_name(item.key());
     const GgufTensorInfo* info = f->find_tensor(name);
@@ -573,6 +628,19 @@ CausalLM load_gguf_model(const fs::path& file, const LoadOptions& options) {
     if (info->torch_shape() != item.value().sizes().vec()) {
       misshaped.push_back(fmt::format("{} (file {}, expected {})", name, fmt::join(info->torch_shape(), "x"),
                                       fmt::join(item.value().sizes(), "x")));
+      continue;
+    }
+    const auto linear = linears.find(item.key());
+    if (linear != linears.end() && (info->type == GgmlType::Q8_0 || info->type == GgmlType::Q4_0)) {
+      nn::QuantBlocks blocks = gguf_blocks(*f, *info);
+      const int64_t rows = blocks.rows;
+      if (c.model_type == "llama" && item.key().find("self_attn.q_proj.weight") != std::string::npos) {
+        blocks = blocks.select_rows(row_order(rows, c.num_attention_heads));
+      } else if (c.model_type == "llama" && item.key().find("self_attn.k_proj.weight") != std::string::npos) {
+        blocks = blocks.select_rows(row_order(rows, c.num_key_value_heads));
+      }
+      linear->second->blocks = std::make_shared<const nn::QuantBlocks>(std::move(blocks));
+      item.value().set_data(at::empty({0}, at::TensorOptions().dtype(options.dtype)));
       continue;
     }
     at::Tensor t = f->tensor(name);

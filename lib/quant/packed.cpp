@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/layers.h"
 
 namespace swiftcpp {
 
@@ -300,6 +301,23 @@ PackedWeight pack_gptq(const at::Tensor& q, const at::Tensor& scales, const at::
   p.g_idx = g_idx.defined() ? g_idx.to(at::kInt).contiguous()
                             : (at::arange(p.in_features, at::kLong) / group_size).to(at::kInt);
   return p;
+}
+
+std::shared_ptr<const nn::QuantBlocks> to_quant_blocks(const PackedWeight& p) {
+  if (!p.qweight.is_cpu()) return nullptr;
+  constexpr int64_t kBlock = 32;
+  const int64_t in = p.in_features, blocks = (in + kBlock - 1) / kBlock;
+  // Each block's group, from its first column; every column of the block must share it.
+  at::Tensor g = p.g_idx.to(at::kLong);                                              // [in]
+  if (blocks * kBlock != in) g = at::cat({g, g.narrow(0, in - 1, 1).expand({blocks * kBlock - in})});
+  const at::Tensor per_block = g.view({blocks, kBlock});
+  const at::Tensor first = per_block.select(1, 0).contiguous();                      // [blocks]
+  if (!per_block.eq(first.unsqueeze(1)).all().item<bool>()) return nullptr;
+  const at::Tensor q = unpack_rows(p.qweight, p.bits).t();                         // [out, in]
+  const at::Tensor zeros = unpack_rows(p.qzeros.t(), p.bits).t().add(1);          // [groups, out]
+  const at::Tensor scales = p.scales.to(at::kFloat);                                // [groups, out]
+  return std::make_shared<const nn::QuantBlocks>(nn::QuantBlocks::from_values(
+      q, scales.index_select(0, first).t(), zeros.index_select(0, first).t(), static_cast<int>(p.bits)));
 }
 
 int64_t checked_group_size(int64_t out, int64_t in, const QuantSpec& spec, const std::string& name) {

@@ -16,6 +16,9 @@
 #include <utility>
 
 namespace swiftcpp {
+namespace nn {
+struct QuantBlocks;
+}
 
 struct QuantSpec {
   int64_t bits = 4;
@@ -43,6 +46,11 @@ struct PackedWeight {
 /// keeps nothing but the packed tensors), so a frozen packed base trains adapters above it (QLoRA); the packed
 /// weights themselves get no gradient.
 at::Tensor packed_linear(const at::Tensor& x, const std::shared_ptr<const PackedWeight>& packed, const at::Tensor& bias);
+
+/// The same integers, scales and zero points in the decode kernels' layout (nn::QuantBlocks, exact); null when a
+/// 32-column block would span two groups (act-order, or a group size that is not a multiple of 32) or the tensors
+/// are not on the CPU.
+std::shared_ptr<const nn::QuantBlocks> to_quant_blocks(const PackedWeight& packed);
 
 /// Packs integers [rows, cols] (each in [0, 2^bits)) along dim 0: -> int32 [rows * bits / 32, cols].
 at::Tensor pack_rows(const at::Tensor& values, int64_t bits);

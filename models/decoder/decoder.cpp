@@ -49,9 +49,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     k = qkv.narrow(-1, heads_ * head_dim_, kv_heads_ * head_dim_).view({B, T, kv_heads_, head_dim_});
     v = qkv.narrow(-1, (heads_ + kv_heads_) * head_dim_, kv_heads_ * head_dim_).view({B, T, kv_heads_, head_dim_});
   } else {
-    q = q_proj(x).view({B, T, heads_, head_dim_});
-    k = k_proj(x).view({B, T, kv_heads_, head_dim_});
-    v = v_proj(x).view({B, T, kv_heads_, head_dim_});
+    const std::vector<at::Tensor> qkv = nn::linear_group({q_proj.get(), k_proj.get(), v_proj.get()}, x);
+    q = qkv[0].view({B, T, heads_, head_dim_});
+    k = qkv[1].view({B, T, kv_heads_, head_dim_});
+    v = qkv[2].view({B, T, kv_heads_, head_dim_});
   }
   if (q_norm) {
     q = q_norm(q);
@@ -117,8 +118,9 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
     up = both.narrow(-1, intermediate_, intermediate_);
     if (!at::GradMode::is_enabled()) gate = gate.contiguous();  // activated in place below
   } else {
-    gate = gate_proj(x);
-    up = up_proj(x);
+    std::vector<at::Tensor> both = nn::linear_group({gate_proj.get(), up_proj.get()}, x);
+    gate = std::move(both[0]);
+    up = std::move(both[1]);
   }
   if (at::GradMode::is_enabled()) return down_proj(nn::activate(act_, gate) * up);  // autograd keeps inputs
   return down_proj(nn::activate(act_, gate).mul_(up));
@@ -417,7 +419,7 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pi
 bool CausalLMImpl::has_packed_weights() const {
   for (const auto& m : modules(/*include_self=*/false)) {
     const auto* linear = m->as<nn::Linear>();
-    if (linear != nullptr && linear->packed) return true;
+    if (linear != nullptr && (linear->packed || linear->blocks)) return true;
   }
   return false;
 }
@@ -527,12 +529,8 @@ at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
   const at::Tensor& w = model->embed_tokens->weight;  // tied: [V, D]
   if (lm_head) {
     out = lm_head(hidden);
-  } else if (hidden.numel() == w.size(1)) {  // one row: gemv, as nn::Linear does
-    auto shape = hidden.sizes().vec();
-    shape.back() = w.size(0);
-    out = at::mv(w, hidden.reshape({-1})).view(shape);
   } else {
-    out = at::linear(hidden, w);
+    out = nn::dense_linear(hidden, w, at::Tensor());  // decode rows take nn::Linear's kernels too
   }
   const double cap = config_.final_logit_softcapping;
   if (cap == 0) return out;
@@ -682,7 +680,23 @@ CausalLM load_causal_lm(const fs::path& model_dir, const LoadOptions& options) {
   CausalLM model(config);
   load_weights(model, checkpoint, model_dir.string(), options);
   model->eval();
+  if (options.quantized_kernels) prepare_for_inference(model);
   return model;
+}
+
+int64_t prepare_for_inference(CausalLM& model) {
+  if (!model->device().is_cpu()) return 0;
+  int64_t moved = 0;
+  for (const auto& m : model->modules(/*include_self=*/false)) {
+    auto* linear = m->as<nn::Linear>();
+    if (linear == nullptr || !linear->packed) continue;
+    std::shared_ptr<const nn::QuantBlocks> blocks = to_quant_blocks(*linear->packed);
+    if (!blocks) continue;
+    linear->blocks = std::move(blocks);
+    linear->packed.reset();
+    ++moved;
+  }
+  return moved;
 }
 
 at::ScalarType parse_dtype(const std::string& name) {

@@ -225,7 +225,16 @@ constexpr int64_t kInitialRotaryPositions = 4096;
 struct LoadOptions {
   at::Device device = at::Device(at::kCPU);
   at::ScalarType dtype = at::kFloat;
+  /// Inference only (infer, deploy, eval): integer layers keep their integers in the CPU decode kernels' layout
+  /// (nn::QuantBlocks): a GGUF's Q8_0/Q4_0 tensors as they are, GPTQ-layout layers through prepare_for_inference.
+  /// Off: GGUF tensors are decoded to float and GPTQ layers stay packed (training, export, merge).
+  bool quantized_kernels = false;
 };
+
+/// Moves every packed integer layer (GPTQ layout) whose groups are whole 32-column blocks to the decode kernels'
+/// layout (nn::QuantBlocks) on CPU models, dropping its GPTQ tensors: the model then serves inference only (it can
+/// no longer train QLoRA or be saved as GPTQ). Returns the number of layers moved; others keep their packed form.
+int64_t prepare_for_inference(CausalLM& model);
 
 /// Sets every parameter of `model` from `checkpoint` (names as Hugging Face writes them), on the device and in
 /// the dtype of `options`; CPU tensors already in that dtype are used in place (copy-on-write file views).

@@ -16,6 +16,17 @@ TEST(Runtime, ThreadsDefaultToUsableCores) {
   configure_threads(0);
 }
 
+// The library's parallel loops (the decode kernels, GGUF and GPTQ unpacking) run on LibTorch's threads: without
+// OpenMP in their translation units at::parallel_for ran every range on one thread (seen as the decode kernels
+// using one core of two).
+TEST(Runtime, LibraryParallelLoopsUseLibTorchsThreads) {
+  configure_threads(2);
+  EXPECT_EQ(parallel_loop_threads(), 2);
+  configure_threads(1);
+  EXPECT_EQ(parallel_loop_threads(), 1);
+  configure_threads(0);
+}
+
 // scripts/setup.sh installs OpenBLAS; the reference BLAS would make every matmul ~30x slower.
 TEST(Runtime, OptimisedBlasIsLoaded) {
   const std::string blas = loaded_blas();

@@ -1,0 +1,74 @@
+// CPU kernels for inference-time linear layers with few input rows (decode steps of one or a few sequences):
+// y = x W^T over float32, bfloat16 and block-quantised integer weights, with AVX-512, AVX2 and plain x86-64
+// variants chosen at run time. They take raw pointers and a row range, so callers split rows across threads; they
+// allocate nothing and throw nothing. Training never runs them (they have no backward): nn::Linear uses them only
+// when autograd does not record.
+#pragma once
+
+#include <cstdint>
+
+namespace swiftcpp::kernels {
+
+/// Instruction sets a kernel variant is compiled for, from plain x86-64 (SSE2) up. kAvx512Vnni differs from kAvx512
+/// only for integer weights: their products take int8 activations (see gemv_quant).
+enum class Isa { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+
+/// The best variant this CPU runs (AVX2 needs FMA and F16C too; AVX-512 needs F, BW, VL and DQ; VNNI adds
+/// AVX512_VNNI).
+Isa detected_isa();
+/// The variant in use: detected_isa() unless set_isa lowered it.
+Isa active_isa();
+/// Uses `isa`, or detected_isa() when the CPU lacks it (tests run every variant the machine has this way).
+void set_isa(Isa isa);
+const char* isa_name(Isa isa);
+
+/// Columns per quantisation block.
+constexpr int64_t kBlock = 32;
+
+/// A block-quantised weight matrix W [rows, cols]: columns in blocks of kBlock, the last one padded with zero weights
+/// (q == zero) up to blocks * kBlock, and W[o, i] = scale[o, b] * (q[o, i] - zero[o, b]) with b = i / kBlock.
+///   bits 8: q is one byte a weight, row o at q + o * blocks * 32, in column order.
+///   bits 4: 16 bytes a block (row o at q + o * blocks * 16); byte j of a block holds column j in its low nibble and
+///           column j + 16 in its high nibble (GGUF's Q4_0 order).
+struct QuantMatrix {
+  const uint8_t* q = nullptr;
+  const float* scales = nullptr;  // [rows, blocks]
+  const uint8_t* zeros = nullptr; // [rows, blocks]
+  int64_t rows = 0, cols = 0, blocks = 0;
+  int bits = 8;
+  int64_t row_bytes() const { return blocks * kBlock * bits / 8; }
+};
+
+/// y[m * ldy + o] = sum_i W[o, i] x[m * ldx + i] for m < M and rows o in [o0, o1) of each kernel below.
+
+/// x: [M, blocks * 32] float32 with zeros past `cols`; xsum: [M, blocks], each block's sum of x. Float activations:
+/// every variant but kAvx512Vnni.
+void gemv_quant(const QuantMatrix& w, const float* x, int64_t ldx, const float* xsum, int64_t M, float* y,
+                int64_t ldy, int64_t o0, int64_t o1);
+
+/// Whether the active variant multiplies integer weights with int8 activations (gemv_quant_q8 below) instead.
+bool quant_takes_int8_activations();
+
+/// Activations quantised as llama.cpp quantises them for its integer dot products (Q8_0): per block of 32,
+/// d = max|x| / 127 and xq = round(x / d) (half away from zero; d = 0 gives zeros). x: [M, blocks * 32] ->
+/// xq [M, blocks * 32], d [M, blocks], xqsum [M, blocks] (the sum of each block's xq).
+void quantize_activations(const float* x, int64_t M, int64_t blocks, int8_t* xq, float* d, int32_t* xqsum);
+
+/// gemv_quant over quantised activations: y = sum_b scale_w * d_x * (sum_i q_i xq_i - zero * xqsum), exact integer
+/// block sums (AVX512_VNNI's vpdpbusd), float32 across blocks. Only where quant_takes_int8_activations().
+void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const int32_t* xqsum, int64_t M, float* y,
+                   int64_t ldy, int64_t o0, int64_t o1);
+/// W float32 [rows, cols] row-major; x float32.
+void gemv_f32(const float* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+              int64_t o0, int64_t o1);
+/// W bfloat16 [rows, cols] row-major (raw bits); x float32 (products are exact in float32; sums in float32).
+void gemv_bf16(const uint16_t* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+               int64_t o0, int64_t o1);
+
+/// out[d] += sum_j p[j] * v[j * ldv + d] for d < n, j < rows (attention's probabilities times its values).
+void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, int64_t n, float* out);
+
+/// Rows [o0, o1) of W as float32 into out [(o1 - o0), cols] (row stride ldo).
+void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo);
+
+}  // namespace swiftcpp::kernels

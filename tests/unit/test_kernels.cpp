@@ -1,0 +1,198 @@
+// The CPU decode kernels (lib/nn/kernels.h) against plain LibTorch products, in every variant this machine runs,
+// at shapes that do not divide the vector width or the 32-column block; the integer layouts they read (GPTQ and GGUF
+// converted without rounding); and the models that use them giving the logits of the float paths.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "io/gguf.h"
+#include "models/decoder/decoder.h"
+#include "nn/kernels.h"
+#include "nn/layers.h"
+#include "quant/gguf_model.h"
+#include "quant/gptq.h"
+#include "quant/packed.h"
+#include "tests/test_util.h"
+
+namespace swiftcpp {
+namespace {
+
+// Every variant up to the machine's best, restored afterwards.
+std::vector<kernels::Isa> variants() {
+  std::vector<kernels::Isa> out{kernels::Isa::kGeneric};
+  if (kernels::detected_isa() >= kernels::Isa::kAvx2) out.push_back(kernels::Isa::kAvx2);
+  if (kernels::detected_isa() >= kernels::Isa::kAvx512) out.push_back(kernels::Isa::kAvx512);
+  if (kernels::detected_isa() >= kernels::Isa::kAvx512Vnni) out.push_back(kernels::Isa::kAvx512Vnni);
+  return out;
+}
+
+// x [M, in] as the VNNI variant sees it: per block of 32 (zero-padded), d = max|x| / 127 and xq = round(x * (1 / d))
+// half away from zero, both in float32 as llama.cpp computes them -> d * xq as float64 [M, in].
+at::Tensor int8_activations(const at::Tensor& x) {
+  const int64_t M = x.size(0), in = x.size(1), blocks = (in + 31) / 32;
+  const at::Tensor padded = at::constant_pad_nd(x, {0, blocks * 32 - in}).view({M, blocks, 32});
+  const at::Tensor d = padded.abs().amax(-1, /*keepdim=*/true) / 127.0f;           // [M, blocks, 1] float32
+  const at::Tensor inv = at::where(d > 0, 1.0f / d, at::zeros_like(d));
+  const at::Tensor v = padded * inv;
+  const at::Tensor xq = v.sign() * (v.abs() + 0.5f).floor();
+  return (xq.to(at::kDouble) * d.to(at::kDouble)).view({M, blocks * 32}).narrow(1, 0, in);
+}
+struct IsaScope {
+  ~IsaScope() { kernels::set_isa(kernels::detected_isa()); }
+};
+
+// (rows, cols): one element, below one vector, odd sizes across a block edge, whole blocks, a 513-column tail.
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1}, {7, 5}, {33, 31}, {64, 64}, {130, 100}, {257, 513}};
+// Input rows: one decode step, a few, the kernel's 8-row pass, and 8 + 3 (two passes).
+const std::vector<int64_t> kRows = {1, 3, 8, 11};
+
+// Largest |a - b| relative to the largest |b| (at least 1).
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
+}
+
+TEST(Kernels, Float32AndBfloat16RowsMatchLibTorchInEveryVariant) {
+  IsaScope restore;
+  at::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  for (const kernels::Isa isa : variants()) {
+    kernels::set_isa(isa);
+    for (const auto& [out, in] : kShapes) {
+      const at::Tensor w = at::randn({out, in});
+      const at::Tensor bias = at::randn({out});
+      for (const int64_t m : kRows) {
+        const at::Tensor x = at::randn({m, in});
+        // float32: summation order differs from BLAS; 1e-5 of the output scale.
+        const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.to(at::kDouble));
+        EXPECT_LT(rel_err(nn::dense_linear(x, w, bias), ref), 1e-5) << kernels::isa_name(isa) << " " << out << "x" << in << " m " << m;
+        // bfloat16 weights and inputs: products exact in float32, float32 sums, output rounded to bfloat16 once.
+        const at::Tensor wb = w.to(at::kBFloat16), xb = x.to(at::kBFloat16);
+        const at::Tensor refb = at::linear(xb.to(at::kDouble), wb.to(at::kDouble));
+        const at::Tensor got = nn::dense_linear(xb, wb, at::Tensor());
+        EXPECT_EQ(got.scalar_type(), at::kBFloat16);
+        EXPECT_LT(rel_err(got, refb), 8e-3) << kernels::isa_name(isa) << " bf16 " << out << "x" << in << " m " << m;
+        EXPECT_LT(rel_err(got, refb.to(at::kBFloat16)), 8e-3);
+      }
+    }
+  }
+}
+
+TEST(Kernels, QuantisedBlocksMatchTheirDequantisedProductInEveryVariant) {
+  IsaScope restore;
+  at::NoGradGuard no_grad;
+  torch::manual_seed(1);
+  for (const int bits : {8, 4}) {
+    for (const auto& [out, in] : kShapes) {
+      const int64_t blocks = (in + 31) / 32;
+      const at::Tensor q = at::randint(0, int64_t{1} << bits, {out, in}, at::kInt);
+      const at::Tensor scales = at::rand({out, blocks}) * 0.1 + 0.01;
+      const at::Tensor zeros = at::randint(0, int64_t{1} << bits, {out, blocks}, at::kInt);
+      // The reference weight from the formula, column by column (independent of the kernels' layout).
+      const at::Tensor group = at::div(at::arange(in, at::kLong), 32, "floor");
+      const at::Tensor w = scales.index_select(1, group).to(at::kDouble) *
+                           (q.to(at::kDouble) - zeros.index_select(1, group).to(at::kDouble));  // [out, in]
+      const nn::QuantBlocks b = nn::QuantBlocks::from_values(q, scales, zeros, bits);
+      EXPECT_EQ(b.q.size(1), blocks * 32 * bits / 8);
+      EXPECT_TRUE(at::allclose(b.dequantize().to(at::kDouble), w, 0, 1e-6)) << bits << " " << out << "x" << in;
+      const at::Tensor bias = at::randn({out});
+      for (const kernels::Isa isa : variants()) {
+        kernels::set_isa(isa);
+        for (const int64_t m : kRows) {
+          const at::Tensor x = at::randn({m, in});
+          // The VNNI variant multiplies int8 activations: its reference quantises them the same way (integer block
+          // sums are then exact; float32 scales leave 1e-5).
+          const at::Tensor xr = isa == kernels::Isa::kAvx512Vnni ? int8_activations(x) : x.to(at::kDouble);
+          const at::Tensor ref = at::linear(xr, w, bias.to(at::kDouble));
+          EXPECT_LT(rel_err(nn::quant_blocks_linear(x, b, bias), ref), 1e-5)
+              << kernels::isa_name(isa) << " int" << bits << " " << out << "x" << in << " m " << m;
+        }
+      }
+      kernels::set_isa(kernels::detected_isa());
+      // Many rows take the expanded-weight path; the same product.
+      const at::Tensor x = at::randn({2, 20, in});
+      EXPECT_LT(rel_err(nn::quant_blocks_linear(x, b, bias), at::linear(x.to(at::kDouble), w, bias.to(at::kDouble))), 1e-5);
+    }
+  }
+}
+
+TEST(Kernels, KernelsStayOutOfAutograd) {
+  // With autograd recording, the layer runs LibTorch's linear and its input gets the usual gradient.
+  torch::manual_seed(2);
+  const at::Tensor w = at::randn({9, 40});
+  const at::Tensor x = at::randn({1, 40}).requires_grad_(true);
+  nn::dense_linear(x, w, at::Tensor()).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), w.sum(0, /*keepdim=*/true), 1e-5, 1e-5));
+  const nn::QuantBlocks b = nn::QuantBlocks::from_values(at::randint(0, 16, {9, 40}, at::kInt), at::rand({9, 2}),
+                                                         at::full({9, 2}, 8, at::kInt), 4);
+  const at::Tensor x2 = at::randn({1, 40}).requires_grad_(true);
+  nn::quant_blocks_linear(x2, b, at::Tensor()).sum().backward();
+  EXPECT_TRUE(at::allclose(x2.grad(), b.dequantize().sum(0, /*keepdim=*/true), 1e-5, 1e-5));
+}
+
+TEST(Kernels, GptqLayersConvertExactlyUnlessABlockSpansTwoGroups) {
+  torch::manual_seed(3);
+  const at::Tensor w = at::randn({24, 96});
+  for (const int64_t bits : {4, 8}) {
+    for (const int64_t group : {int64_t{32}, int64_t{96}, int64_t{-1}}) {
+      const PackedWeight p = quantize_rtn(w, QuantSpec{bits, group, group != 96}, "w");
+      const auto b = to_quant_blocks(p);
+      ASSERT_NE(b, nullptr) << bits << " " << group;
+      EXPECT_TRUE(at::equal(b->dequantize(), p.dequantize(at::kFloat))) << bits << " " << group;
+    }
+  }
+  // Groups of 16 columns: a 32-column block would need two scales.
+  const PackedWeight narrow = quantize_rtn(w, QuantSpec{4, 16, true}, "w");
+  EXPECT_EQ(to_quant_blocks(narrow), nullptr);
+  // Act-order: the column groups interleave.
+  PackedWeight shuffled = quantize_rtn(w, QuantSpec{4, 32, true}, "w");
+  shuffled.g_idx = (at::arange(96, at::kInt) % 3).contiguous();
+  EXPECT_EQ(to_quant_blocks(shuffled), nullptr);
+}
+
+TEST(Kernels, GgufBlocksRunPackedWithTheDecodedFilesLogits) {
+  const fs::path stories = test::assets() / "models/stories260K";
+  SWIFTCPP_REQUIRE_SHARED(stories);
+  const fs::path dir = test::temp_dir("kernels_gguf");
+  CausalLM source = load_causal_lm(stories);
+  for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+    const fs::path file = dir / (std::string(ggml_type_name(type)) + ".gguf");
+    GgufExportOptions o;
+    o.type = type;
+    export_gguf(source, stories, file, o);
+    CausalLM decoded = load_gguf_model(file);  // every tensor decoded to float32
+    LoadOptions kernels_load;
+    kernels_load.quantized_kernels = true;
+    CausalLM packed = load_gguf_model(file, kernels_load);
+    // The q_proj of layer 0: integers kept, rows back in Hugging Face order, the decoded weight exactly.
+    auto* q_proj = packed->model->layers[0]->as<DecoderLayer>()->self_attn->q_proj.get();
+    ASSERT_NE(q_proj->blocks, nullptr);
+    EXPECT_EQ(q_proj->weight.numel(), 0);
+    EXPECT_EQ(q_proj->blocks->bits, type == GgmlType::Q8_0 ? 8 : 4);
+    const auto* reference = decoded->model->layers[0]->as<DecoderLayer>()->self_attn->q_proj.get();
+    EXPECT_TRUE(at::equal(q_proj->blocks->dequantize(), reference->weight));
+    EXPECT_LT(q_proj->blocks->nbytes(), reference->weight.nbytes() / 2);
+    // Prefill (expanded tiles) and cached decode steps (kernels) give the decoded model's logits: to float32
+    // rounding with float activations; with int8 activations (VNNI, as llama.cpp multiplies) to 3e-2 of the
+    // logits' scale.
+    IsaScope restore;
+    at::InferenceMode guard;
+    const at::Tensor ids = at::tensor({1, 403, 407, 261, 378, 506, 91, 12}, at::kLong).unsqueeze(0);
+    for (const kernels::Isa isa : variants()) {
+      kernels::set_isa(isa);
+      const double tolerance = isa == kernels::Isa::kAvx512Vnni ? 3e-2 : 1e-5;
+      nn::KVCache ca = decoded->make_cache(1, 16), cb = packed->make_cache(1, 16);
+      ForwardOptions fa, fb;
+      fa.cache = &ca;
+      fb.cache = &cb;
+      EXPECT_LT(rel_err(packed->forward(ids, fb), decoded->forward(ids, fa)), tolerance) << kernels::isa_name(isa);
+      for (int step = 0; step < 4; ++step) {
+        const at::Tensor next = at::tensor({static_cast<int64_t>(30 + step)}, at::kLong).view({1, 1});
+        EXPECT_LT(rel_err(packed->forward(next, fb), decoded->forward(next, fa)), tolerance)
+            << kernels::isa_name(isa) << " step " << step;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftcpp
