@@ -54,8 +54,9 @@ at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const at::Te
 constexpr int64_t kDecodeQueries = 16;
 bool decode_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const auto contiguous_rows = [&](const at::Tensor& t) { return t.stride(3) == 1 && t.stride(2) == q.size(3); };
-  return !at::GradMode::is_enabled() && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
-         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && q.size(2) <= kDecodeQueries &&
+  const auto dtype = q.scalar_type();
+  return !at::GradMode::is_enabled() && q.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+         k.scalar_type() == dtype && v.scalar_type() == dtype && q.size(2) <= kDecodeQueries &&
          contiguous_rows(k) && contiguous_rows(v) && k.size(3) == q.size(3) &&
          (!mask.defined() || (mask.dim() == 4 && mask.size(2) == q.size(2) && mask.size(3) == k.size(2)));
 }
@@ -64,12 +65,15 @@ at::Tensor attention_decode(const at::Tensor& q, const at::Tensor& k, const at::
                             const ScoreOptions& score) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3);
   const int64_t S = k.size(2), G = H / k.size(1);
-  const at::Tensor qc = q.contiguous();
+  // bfloat16: scores, softmax and sums in float32 from the bfloat16 values, the output rounded once.
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  const at::Tensor qc = q.to(at::kFloat).contiguous();
   const at::Tensor m = mask.defined() ? mask.to(at::kBool).contiguous() : at::Tensor();  // [B|1, 1, T, S]
-  at::Tensor out = at::zeros({B, H, T, Dh}, q.options());
+  at::Tensor out = at::zeros({B, H, T, Dh}, q.options().dtype(at::kFloat));
   const float* qp = qc.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
+  const char* kp = static_cast<const char*>(k.data_ptr());
+  const char* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t item = k.element_size();
   const bool* mp = m.defined() ? m.data_ptr<bool>() : nullptr;
   float* op = out.data_ptr<float>();
   const float root = std::sqrt(static_cast<float>(Dh)), scale = static_cast<float>(score.scale);
@@ -78,11 +82,15 @@ at::Tensor attention_decode(const at::Tensor& q, const at::Tensor& k, const at::
     std::vector<float> p(static_cast<size_t>(S));
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H;
-      const float* kh = kp + b * k.stride(0) + (h / G) * k.stride(1);  // [S, Dh]
-      const float* vh = vp + b * v.stride(0) + (h / G) * v.stride(1);  // [S, Dh]
+      const char* kh = kp + (b * k.stride(0) + (h / G) * k.stride(1)) * item;  // [S, Dh]
+      const char* vh = vp + (b * v.stride(0) + (h / G) * v.stride(1)) * item;  // [S, Dh]
       for (int64_t t = 0; t < T; ++t) {
         const float* qrow = qp + ((b * H + h) * T + t) * Dh;
-        kernels::gemv_f32(kh, Dh, qrow, Dh, 1, p.data(), S, 0, S);  // q . k_j
+        if (bf16) {  // q . k_j
+          kernels::gemv_bf16(reinterpret_cast<const uint16_t*>(kh), Dh, qrow, Dh, 1, p.data(), S, 0, S);
+        } else {
+          kernels::gemv_f32(reinterpret_cast<const float*>(kh), Dh, qrow, Dh, 1, p.data(), S, 0, S);
+        }
         const bool* allowed = mp == nullptr ? nullptr : mp + ((m.size(0) == 1 ? 0 : b) * T + t) * S;
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < S; ++j) {
@@ -98,11 +106,16 @@ at::Tensor attention_decode(const at::Tensor& q, const at::Tensor& k, const at::
           sum += p[j];
         }
         for (int64_t j = 0; j < S; ++j) p[j] /= sum;
-        kernels::accumulate_rows(p.data(), vh, Dh, S, Dh, op + ((b * H + h) * T + t) * Dh);
+        float* orow = op + ((b * H + h) * T + t) * Dh;
+        if (bf16) {
+          kernels::accumulate_rows_bf16(p.data(), reinterpret_cast<const uint16_t*>(vh), Dh, S, Dh, orow);
+        } else {
+          kernels::accumulate_rows(p.data(), reinterpret_cast<const float*>(vh), Dh, S, Dh, orow);
+        }
       }
     }
   });
-  return out;
+  return out.to(q.scalar_type());
 }
 
 // Softmax statistics and products run in float32 for float32/bf16/fp16 inputs, float64 for float64.

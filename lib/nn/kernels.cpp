@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include <immintrin.h>
 
@@ -41,54 +42,66 @@ namespace avx512 {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {
 
-// The 32 weights of block b of row o as bytes in column order (4-bit: the nibbles spread out).
-inline __m256i block_bytes(const QuantMatrix& w, int64_t o, int64_t b) {
-  if (w.bits == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q + (o * w.blocks + b) * kBlock));
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + (o * w.blocks + b) * (kBlock / 2)));
-  const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(15));
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15));
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);  // columns 0..15, then 16..31
+// Blocks b and b + 1 of row o (the second only when `two`) as 64 bytes in column order, block b in the low half
+// (4-bit: the nibbles spread out).
+inline __m512i block_pair(const QuantMatrix& w, int64_t o, int64_t b, bool two) {
+  if (w.bits == 8) {
+    const auto* p = w.q + (o * w.blocks + b) * kBlock;
+    return two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
+  }
+  const auto* p = w.q + (o * w.blocks + b) * (kBlock / 2);
+  const __m256i packed = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                             : _mm256_maskz_loadu_epi8(0xFFFFu, p);
+  const __m256i nib = _mm256_set1_epi8(15);
+  const __m256i low = _mm256_and_si256(packed, nib);                          // [b: 0..15 | b+1: 0..15]
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);   // [b: 16..31 | b+1: 16..31]
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  return _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(3, 1, 2, 0));          // [b lo, b hi, b+1 lo, b+1 hi]
 }
 
-inline float hsum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
+// Per weight row: the blocks go 16 at a time; their scales times each activation row's d are one vector, and two
+// blocks share each vpdpbusd (64 bytes) with their scales spread over the lanes by one permute. The zero points'
+// term, sum_b s_b z_b d_b xqsum_b, is a vector product per 16 blocks.
 template <int MB>
 void rows_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const int32_t* xs, float* y, int64_t ldy,
              int64_t o0, int64_t o1) {
   const int64_t nb = w.blocks, ldx = nb * kBlock;
+  const __m512i pair_lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int64_t o = o0; o < o1; ++o) {
-    // Even and odd blocks accumulate apart: two independent chains of multiply-adds.
-    __m256 acc[2][MB];
-    float zterm[MB];
-    for (int m = 0; m < MB; ++m) {
-      acc[0][m] = acc[1][m] = _mm256_setzero_ps();
-      zterm[m] = 0;
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i wq = block_bytes(w, o, b);
-      const float s = w.scales[o * nb + b], z = static_cast<float>(w.zeros[o * nb + b]);
-      __m256* a = acc[b & 1];
+    __m512 acc[MB], zacc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = zacc[m] = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += 16) {
+      const int64_t n = std::min<int64_t>(16, nb - c0);
+      const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+      const __m512 s = _mm512_maskz_loadu_ps(mask, w.scales + o * nb + c0);
+      const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w.zeros + o * nb + c0)));
+      __m512 sd[MB];
       for (int m = 0; m < MB; ++m) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * ldx + b * kBlock));
-        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);  // [8] int32
-        const float sd = s * d[m * nb + b];
-        a[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sd), a[m]);
-        zterm[m] += sd * z * static_cast<float>(xs[m * nb + b]);
+        sd[m] = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask, d + m * nb + c0));
+        const __m512 sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, xs + m * nb + c0));
+        zacc[m] = _mm512_fmadd_ps(_mm512_mul_ps(sd[m], z), sums, zacc[m]);
+      }
+      for (int64_t p = 0; p < n; p += 2) {
+        const bool two = p + 1 < n;
+        const __m512i wq = block_pair(w, o, c0 + p, two);
+        const __m512i lanes = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(static_cast<int>(p)));
+        for (int m = 0; m < MB; ++m) {
+          const int8_t* xp = xq + m * ldx + (c0 + p) * kBlock;
+          const __m512i xv = two ? _mm512_loadu_si512(xp) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xp);
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);  // [16] int32: 8 per block
+          acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, sd[m]), acc[m]);
+        }
       }
     }
-    for (int m = 0; m < MB; ++m) y[m * ldy + o] = hsum8(_mm256_add_ps(acc[0][m], acc[1][m])) - zterm[m];
+    for (int m = 0; m < MB; ++m) y[m * ldy + o] = _mm512_reduce_add_ps(acc[m]) - _mm512_reduce_add_ps(zacc[m]);
   }
 }
 
 void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const int32_t* xs, int64_t M, float* y,
                    int64_t ldy, int64_t o0, int64_t o1) {
   const int64_t ldx = w.blocks * kBlock;
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, M - m0);
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, M - m0);
     const int8_t* x = xq + m0 * ldx;
     const float* dm = d + m0 * w.blocks;
     const int32_t* sm = xs + m0 * w.blocks;
@@ -97,11 +110,7 @@ void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const
       case 1: rows_q8<1>(w, x, dm, sm, ym, ldy, o0, o1); break;
       case 2: rows_q8<2>(w, x, dm, sm, ym, ldy, o0, o1); break;
       case 3: rows_q8<3>(w, x, dm, sm, ym, ldy, o0, o1); break;
-      case 4: rows_q8<4>(w, x, dm, sm, ym, ldy, o0, o1); break;
-      case 5: rows_q8<5>(w, x, dm, sm, ym, ldy, o0, o1); break;
-      case 6: rows_q8<6>(w, x, dm, sm, ym, ldy, o0, o1); break;
-      case 7: rows_q8<7>(w, x, dm, sm, ym, ldy, o0, o1); break;
-      default: rows_q8<8>(w, x, dm, sm, ym, ldy, o0, o1); break;
+      default: rows_q8<4>(w, x, dm, sm, ym, ldy, o0, o1); break;
     }
   }
 }
@@ -109,7 +118,63 @@ void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const
 }  // namespace vnni
 #pragma GCC pop_options
 
+// bfloat16 weights times bfloat16 activations with AVX512_BF16: vdpbf16ps multiplies 32 pairs exactly and adds them
+// into 16 float32 lanes, with no conversion of the weights.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+namespace bf16dp {
+
+template <int MB>
+void rows(const uint16_t* w, int64_t cols, const uint16_t* xb, float* y, int64_t ldy, int64_t o0, int64_t o1) {
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint16_t* row = w + o * cols;
+    __m512 acc[2][MB];  // even and odd 32-column steps: two independent chains
+    for (int m = 0; m < MB; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cols; j += 32) {
+      const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + j));
+      __m512* a = acc[(j / 32) & 1];
+      for (int m = 0; m < MB; ++m) {
+        a[m] = _mm512_dpbf16_ps(a[m], wv, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xb + m * cols + j)));
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * ldy + o] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]));
+  }
+}
+
+void gemv(const uint16_t* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, int64_t o0,
+          int64_t o1) {
+  // The activations as bfloat16, rounded to nearest even (exact for a bfloat16 model's activations).
+  std::vector<uint16_t> xb(static_cast<size_t>(M * cols));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t i = 0; i < cols; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + m * ldx + i, sizeof bits);
+      xb[static_cast<size_t>(m * cols + i)] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    }
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, M - m0);
+    const uint16_t* xm = xb.data() + m0 * cols;
+    float* ym = y + m0 * ldy;
+    switch (mb) {
+      case 1: rows<1>(w, cols, xm, ym, ldy, o0, o1); break;
+      case 2: rows<2>(w, cols, xm, ym, ldy, o0, o1); break;
+      case 3: rows<3>(w, cols, xm, ym, ldy, o0, o1); break;
+      default: rows<4>(w, cols, xm, ym, ldy, o0, o1); break;
+    }
+  }
+}
+
+}  // namespace bf16dp
+#pragma GCC pop_options
+
 namespace {
+bool cpu_bf16_dot() {
+  __builtin_cpu_init();
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
 Isa detect() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -192,11 +257,19 @@ void gemv_f32(const float* w, int64_t cols, const float* x, int64_t ldx, int64_t
 
 void gemv_bf16(const uint16_t* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
                int64_t o0, int64_t o1) {
+  if (active_isa() >= Isa::kAvx512 && cols % 32 == 0 && cpu_bf16_dot()) {
+    bf16dp::gemv(w, cols, x, ldx, M, y, ldy, o0, o1);
+    return;
+  }
   SWIFTCPP_DISPATCH(gemv_bf16(w, cols, x, ldx, M, y, ldy, o0, o1))
 }
 
 void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, int64_t n, float* out) {
   SWIFTCPP_DISPATCH(accumulate_rows(p, v, ldv, rows, n, out))
+}
+
+void accumulate_rows_bf16(const float* p, const uint16_t* v, int64_t ldv, int64_t rows, int64_t n, float* out) {
+  SWIFTCPP_DISPATCH(accumulate_rows_bf16(p, v, ldv, rows, n, out))
 }
 
 void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo) {

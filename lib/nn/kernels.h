@@ -61,12 +61,17 @@ void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const
 /// W float32 [rows, cols] row-major; x float32.
 void gemv_f32(const float* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
               int64_t o0, int64_t o1);
-/// W bfloat16 [rows, cols] row-major (raw bits); x float32 (products are exact in float32; sums in float32).
+/// W bfloat16 [rows, cols] row-major (raw bits); x float32 (products are exact in float32; sums in float32). With
+/// AVX-512 and AVX512_BF16 and cols a multiple of 32, x is rounded to bfloat16 first (exact for a bfloat16 model's
+/// activations) and vdpbf16ps multiplies.
 void gemv_bf16(const uint16_t* w, int64_t cols, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
                int64_t o0, int64_t o1);
 
 /// out[d] += sum_j p[j] * v[j * ldv + d] for d < n, j < rows (attention's probabilities times its values).
 void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, int64_t n, float* out);
+
+/// The same with bfloat16 values (raw bits).
+void accumulate_rows_bf16(const float* p, const uint16_t* v, int64_t ldv, int64_t rows, int64_t n, float* out);
 
 /// Rows [o0, o1) of W as float32 into out [(o1 - o0), cols] (row stride ldo).
 void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo);

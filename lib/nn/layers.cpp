@@ -5,8 +5,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "core/error.h"
 #include "nn/kernels.h"
@@ -37,13 +39,23 @@ int64_t kernel_rows(const at::Tensor& x, int64_t in) {
   return rows <= kKernelMaxRows ? rows : 0;
 }
 
-// Splits output rows [0, out) over LibTorch's intra-op threads, in chunks of whole 16-row groups.
+// Runs fn(o0, o1) over output rows [0, out) on LibTorch's intra-op threads. The rows go in chunks of whole 16-row
+// groups, about eight a thread, taken in turn by whichever thread is free: a thread that starts late or runs slow
+// (a shared machine) takes fewer chunks instead of holding the others at the end.
 template <typename Fn>
 void over_rows(int64_t out, int64_t work_per_row, Fn fn) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   // Below ~64k multiply-adds a second thread costs more than it saves.
-  const int64_t grain = out * work_per_row < (int64_t{1} << 16) ? out : ((out + threads - 1) / threads + 15) / 16 * 16;
-  at::parallel_for(0, out, std::max<int64_t>(grain, 1), fn);
+  if (threads == 1 || out * work_per_row < (int64_t{1} << 16)) {
+    fn(int64_t{0}, out);
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(16, (out + 8 * threads - 1) / (8 * threads) + 15) / 16 * 16;
+  const int64_t chunks = (out + chunk - 1) / chunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next++; c < chunks; c = next++) fn(c * chunk, std::min(out, (c + 1) * chunk));
+  });
 }
 
 kernels::QuantMatrix view_of(const QuantBlocks& b) {
@@ -345,8 +357,8 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
 
 namespace {
 // Decode rows of float32 on the CPU without autograd: one loop instead of LibTorch's six ops.
-bool small_float_rows(const at::Tensor& x, int64_t width) {
-  return !at::GradMode::is_enabled() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.numel() > 0 &&
+bool small_float_rows(const at::Tensor& x, int64_t width, at::ScalarType dtype = at::kFloat) {
+  return !at::GradMode::is_enabled() && x.device().is_cpu() && x.scalar_type() == dtype && x.numel() > 0 &&
          x.numel() / width <= kKernelMaxRows * 64;
 }
 }  // namespace
@@ -366,6 +378,27 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, b
       for (int64_t i = 0; i < dim; ++i) sum += row[i] * row[i];
       const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
       for (int64_t i = 0; i < dim; ++i) o[r * dim + i] = row[i] * inv * (w[i] + offset);
+    }
+    return out;
+  }
+  if (small_float_rows(x, dim, at::kBFloat16) && x.is_contiguous() && weight.scalar_type() == at::kBFloat16 &&
+      weight.is_contiguous() && weight.numel() == dim) {
+    // As the path below rounds: normalised in float32, cast to bfloat16, times the bfloat16 weight (Gemma: times
+    // (1 + w) in float32 before the cast).
+    at::Tensor out = at::empty_like(x);
+    const auto* in = x.data_ptr<at::BFloat16>();
+    const auto* w = weight.data_ptr<at::BFloat16>();
+    auto* o = out.data_ptr<at::BFloat16>();
+    for (int64_t r = 0; r < x.numel() / dim; ++r) {
+      const at::BFloat16* row = in + r * dim;
+      float sum = 0;
+      for (int64_t i = 0; i < dim; ++i) sum += static_cast<float>(row[i]) * static_cast<float>(row[i]);
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
+      for (int64_t i = 0; i < dim; ++i) {
+        const float normed = static_cast<float>(row[i]) * inv;
+        o[r * dim + i] = unit_offset ? at::BFloat16(normed * (static_cast<float>(w[i]) + 1.0f))
+                                     : at::BFloat16(static_cast<float>(at::BFloat16(normed)) * static_cast<float>(w[i]));
+      }
     }
     return out;
   }
@@ -471,31 +504,40 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t rotated = cos.size(-1);
-  if (x.dim() == 4 && small_float_rows(x, x.size(-1)) && cos.scalar_type() == at::kFloat && cos.dim() == 4 &&
-      cos.size(1) == 1 && cos.size(2) == x.size(2) && (cos.size(0) == x.size(0) || cos.size(0) == 1)) {
-    // x [B, H, T, Dh] (any strides) -> contiguous [B, H, T, Dh]; cos/sin [B or 1, 1, T, R].
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  if (x.dim() == 4 && small_float_rows(x, x.size(-1), bf16 ? at::kBFloat16 : at::kFloat) &&
+      cos.scalar_type() == x.scalar_type() && cos.dim() == 4 && cos.size(1) == 1 && cos.size(2) == x.size(2) &&
+      (cos.size(0) == x.size(0) || cos.size(0) == 1)) {
+    // x [B, H, T, Dh] (any strides) -> contiguous [B, H, T, Dh]; cos/sin [B or 1, 1, T, R]. bfloat16 rounds as the
+    // path below: x * cos to bfloat16, then the sum once.
     const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), half = rotated / 2;
     const at::Tensor c = cos.contiguous(), s = sin.contiguous();
     at::Tensor out = at::empty({B, H, T, D}, x.options());
-    const float* cp = c.data_ptr<float>();
-    const float* sp = s.data_ptr<float>();
-    const float* xp = x.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        for (int64_t t = 0; t < T; ++t) {
-          const float* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
-          const int64_t st = x.stride(3);
-          const float* cr = cp + ((c.size(0) == 1 ? 0 : b) * T + t) * rotated;
-          const float* sr = sp + ((s.size(0) == 1 ? 0 : b) * T + t) * rotated;
-          float* o = op + ((b * H + h) * T + t) * D;
-          for (int64_t i = 0; i < half; ++i) {
-            o[i] = in[i * st] * cr[i] + in[(i + half) * st] * sr[i];
-            o[i + half] = in[(i + half) * st] * cr[i + half] + in[i * st] * sr[i + half];
+    const auto run = [&](auto* xp, const auto* cp, const auto* sp, auto* op) {
+      using T_ = std::remove_const_t<std::remove_pointer_t<decltype(op)>>;
+      const auto round = [](float v) { return static_cast<float>(T_(v)); };
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t t = 0; t < T; ++t) {
+            const auto* in = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+            const int64_t st = x.stride(3);
+            const auto* cr = cp + ((c.size(0) == 1 ? 0 : b) * T + t) * rotated;
+            const auto* sr = sp + ((s.size(0) == 1 ? 0 : b) * T + t) * rotated;
+            T_* o = op + ((b * H + h) * T + t) * D;
+            for (int64_t i = 0; i < rotated; ++i) {
+              const int64_t partner = i < half ? i + half : i - half;
+              const float xc = round(static_cast<float>(in[i * st]) * static_cast<float>(cr[i]));
+              o[i] = T_(xc + static_cast<float>(in[partner * st]) * static_cast<float>(sr[i]));
+            }
+            for (int64_t i = rotated; i < D; ++i) o[i] = in[i * st];
           }
-          for (int64_t i = rotated; i < D; ++i) o[i] = in[i * st];
         }
       }
+    };
+    if (bf16) {
+      run(x.data_ptr<at::BFloat16>(), c.data_ptr<at::BFloat16>(), s.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
+    } else {
+      run(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<float>());
     }
     return out;
   }

@@ -3,6 +3,7 @@
 // refused, and lengths beyond the model's context are cut or refused with a clear message.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -19,10 +20,11 @@ using test::stories_dir;
 
 const char* kNanTensor = "model.layers.2.self_attn.v_proj.weight";
 
-// A copy of stories260K with a NaN in kNanTensor (built once per process).
+// A copy of stories260K with a NaN in kNanTensor (built once per process, in a folder of the process's own: ctest -j
+// runs the tests that use it side by side, and a shared folder was rewritten under another's feet).
 fs::path nan_stories() {
   static const fs::path dir = [] {
-    const fs::path d = test::temp_dir("hardening_cli_nan_model");
+    const fs::path d = test::temp_dir("hardening_cli_nan_model_" + std::to_string(::getpid()));
     for (const auto& e : fs::directory_iterator(stories_dir())) {
       if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), d / e.path().filename());
     }
