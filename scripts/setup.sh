@@ -8,6 +8,7 @@ pkgs=(
   libsentencepiece-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libcpp-httplib-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev libjpeg62-turbo-dev libpng-dev
   python3-torch python3-numpy python3-jinja2
+  git time  # bench/run.sh: llama.cpp's source comes as a git bundle; GNU time measures llama-bench's peak memory
 )
 missing=()
 for p in "${pkgs[@]}"; do
