@@ -1,6 +1,6 @@
 // CPU kernels for inference-time linear layers with few input rows (decode steps of one or a few sequences):
-// y = x W^T over float32, bfloat16 and block-quantised integer weights, with AVX-512, AVX2 and plain x86-64
-// variants chosen at run time. They take raw pointers and a row range, so callers split rows across threads; they
+// y = x W^T over float32, bfloat16 and block-quantised integer weights, with AVX-512 (plus AVX512_VNNI for integer
+// and AVX512_BF16 for bfloat16 weights), AVX2 and plain x86-64 variants chosen at run time. They take raw pointers and a row range, so callers split rows across threads; they
 // allocate nothing and throw nothing. Training never runs them (they have no backward): nn::Linear uses them only
 // when autograd does not record.
 #pragma once
@@ -10,7 +10,7 @@
 namespace swiftcpp::kernels {
 
 /// Instruction sets a kernel variant is compiled for, from plain x86-64 (SSE2) up. kAvx512Vnni differs from kAvx512
-/// only for integer weights: their products take int8 activations (see gemv_quant).
+/// only for integer weights: their products take int8 activations (quantize_activations, gemv_quant_q8).
 enum class Isa { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
 /// The best variant this CPU runs (AVX2 needs FMA and F16C too; AVX-512 needs F, BW, VL and DQ; VNNI adds

@@ -244,7 +244,9 @@ TEST(GrpoParity, EveryLossTypeAndBetaMatchesTrl) {
     const GrpoLossResult res = case_loss(o, policy, rb, ref, {});
     expect_close(res.loss.item<double>(), c["loss"].get<double>(), kLossTol, what + " loss", worst["loss"]);
     expect_metrics(res.metrics, c["metrics"], kMetricTol, what, worst["metrics"]);
-    if (o.beta == 0) EXPECT_EQ(res.metrics.count("kl"), 0u) << what;
+    if (o.beta == 0) {
+      EXPECT_EQ(res.metrics.count("kl"), 0u) << what;
+    }
     expect_grads(res.loss, tensors, c["grad_norms"], kGradTol, what, worst["grad"]);
     ++cases;
   }
