@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/kernels.h"
 #include "nn/layers.h"
 
 namespace swiftcpp {
@@ -305,7 +306,7 @@ PackedWeight pack_gptq(const at::Tensor& q, const at::Tensor& scales, const at::
 
 std::shared_ptr<const nn::QuantBlocks> to_quant_blocks(const PackedWeight& p) {
   if (!p.qweight.is_cpu()) return nullptr;
-  constexpr int64_t kBlock = 32;
+  constexpr int64_t kBlock = kernels::kBlock;
   const int64_t in = p.in_features, blocks = (in + kBlock - 1) / kBlock;
   // Each block's group, from its first column; every column of the block must share it.
   at::Tensor g = p.g_idx.to(at::kLong);                                              // [in]
