@@ -1,6 +1,7 @@
 #include "core/json.h"
 
 #include <algorithm>
+#include <fstream>
 
 namespace swiftcpp {
 namespace {
@@ -119,6 +120,23 @@ Json parse_json(std::string_view text, const std::string& origin) {
 }
 
 Json load_json_file(const fs::path& path) { return parse_json(read_text_file(path), path.string()); }
+
+Json read_json_lines(const fs::path& file, std::string_view what) {
+  Json out = Json::array();
+  if (!fs::exists(file)) return out;
+  require_regular_file(file, what);
+  std::ifstream in(file);
+  if (!in) fail<IoError>("cannot read {} {}", what, file.string());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    Json row;
+    std::string error;
+    if (!try_parse_json(line, row, error)) break;
+    out.push_back(std::move(row));
+  }
+  return out;
+}
 
 std::string describe_json(const Json& value) {
   constexpr size_t kShown = 60;

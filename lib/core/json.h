@@ -27,6 +27,12 @@ constexpr int kMaxJsonDepth = 512;
 /// kMaxJsonDepth).
 Json load_json_file(const fs::path& path);
 
+/// The values of a JSON Lines file (a training log), one per non-empty line, up to the first line that is not valid
+/// JSON: a line cut short by a hard kill ends the file, and everything before it is intact. An absent file gives an
+/// empty array. `what` names the file in errors. Throws IoError when the path exists but is not a readable regular
+/// file.
+Json read_json_lines(const fs::path& file, std::string_view what = "JSON Lines file");
+
 /// Parses JSON text; `origin` names where it came from in error messages. Throws FormatError like
 /// load_json_file.
 Json parse_json(std::string_view text, const std::string& origin);

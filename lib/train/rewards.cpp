@@ -1,23 +1,15 @@
 #include "train/rewards.h"
 
-#include <fcntl.h>
-#include <pthread.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/process.h"
 #include "eval/metrics.h"
 #include "eval/tasks.h"
 
@@ -168,7 +160,7 @@ class ExternalReward : public NamedReward {
       }
       input += line.dump() + "\n";
     }
-    const CommandOutput r = run_command(command_, input, timeout_s_);
+    const ProcessResult r = run_command(command_, input, timeout_s_);
     const std::string err = r.err.empty() ? "" : fmt::format("; its stderr:\n{}", tail(r.err, 2000));
     if (r.timed_out) {
       fail<Error>("reward command '{}' did not finish within reward_timeout {} s for {} completions (killed){}",
@@ -257,112 +249,6 @@ bool think_answer_format(const std::string& s) {
     if (s.compare(j, open_answer.size(), open_answer) == 0 && j + open_answer.size() <= answer_end) return true;
   }
   return false;
-}
-
-CommandOutput run_command(const std::string& command, const std::string& input, double timeout_s) {
-  int in_pipe[2], out_pipe[2], err_pipe[2];
-  if (pipe2(in_pipe, O_CLOEXEC) != 0) fail<IoError>("cannot run '{}': pipe: {}", command, std::strerror(errno));
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-    fail<IoError>("cannot run '{}': pipe: {}", command, std::strerror(errno));
-  }
-  // A command that exits without reading all its input makes our writes fail with EPIPE; SIGPIPE stays blocked in
-  // this thread meanwhile (and a pending one is consumed) so that it cannot end the process.
-  sigset_t pipe_signal, old_mask;
-  sigemptyset(&pipe_signal);
-  sigaddset(&pipe_signal, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_signal, &old_mask);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-    fail<IoError>("cannot run '{}': fork: {}", command, std::strerror(errno));
-  }
-  if (pid == 0) {
-    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-    setpgid(0, 0);  // its own process group, so a timeout kills what it started too
-    dup2(in_pipe[0], 0);
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    signal(SIGPIPE, SIG_DFL);
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  close(in_pipe[0]);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  int to_child = in_pipe[1];
-  fcntl(to_child, F_SETFL, fcntl(to_child, F_GETFL) | O_NONBLOCK);
-  CommandOutput result;
-  size_t written = 0;
-  if (input.empty()) {
-    close(to_child);
-    to_child = -1;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  int open_outputs = 2;
-  bool out_open = true, err_open = true;
-  char buffer[65536];
-  while (open_outputs > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      result.timed_out = true;
-      break;
-    }
-    pollfd fds[3];
-    int n = 0;
-    int out_i = -1, err_i = -1, in_i = -1;
-    if (out_open) fds[out_i = n++] = {out_pipe[0], POLLIN, 0};
-    if (err_open) fds[err_i = n++] = {err_pipe[0], POLLIN, 0};
-    if (to_child >= 0) fds[in_i = n++] = {to_child, POLLOUT, 0};
-    const int ready = poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;
-    const auto drain = [&](int index, int fd, std::string& into, bool& open) {
-      if (index < 0 || (fds[index].revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
-      const ssize_t got = read(fd, buffer, sizeof(buffer));
-      if (got > 0) {
-        into.append(buffer, static_cast<size_t>(got));
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        open = false;
-        --open_outputs;
-      }
-    };
-    drain(out_i, out_pipe[0], result.out, out_open);
-    drain(err_i, err_pipe[0], result.err, err_open);
-    if (in_i >= 0 && (fds[in_i].revents & (POLLOUT | POLLERR | POLLHUP)) != 0) {
-      const ssize_t put = write(to_child, input.data() + written, input.size() - written);
-      if (put > 0) written += static_cast<size_t>(put);
-      if ((put < 0 && errno != EAGAIN && errno != EINTR) || written == input.size()) {
-        close(to_child);  // all given (or the command stopped reading): it sees the end of its input
-        to_child = -1;
-      }
-    }
-  }
-  if (to_child >= 0) close(to_child);
-  close(out_pipe[0]);
-  close(err_pipe[0]);
-  int status = 0;
-  while (!result.timed_out) {  // outputs closed: the command has until the deadline to exit
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid || (done < 0 && errno != EINTR)) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      result.timed_out = true;
-      break;
-    }
-    usleep(1000);
-  }
-  if (result.timed_out) {
-    kill(-pid, SIGKILL);
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-  const timespec no_wait{0, 0};
-  while (sigtimedwait(&pipe_signal, nullptr, &no_wait) > 0) {
-  }
-  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
-  return result;
 }
 
 std::unique_ptr<RewardFunction> make_reward_function(const std::string& spec, const RewardSettings& s) {

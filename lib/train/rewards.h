@@ -75,15 +75,4 @@ double gsm8k_accuracy(const std::string& completion, const std::string& solution
 /// ms-swift's format check (see make_reward_function), exposed for tests.
 bool think_answer_format(const std::string& completion);
 
-/// What running a command with input produced.
-struct CommandOutput {
-  int exit_code = 0;  // the exit status, or 128 + signal
-  bool timed_out = false;
-  std::string out, err;
-};
-
-/// Runs `/bin/sh -c command` with `input` on its stdin, collecting stdout and stderr, killing its process group
-/// after `timeout_s` seconds. Throws IoError when the process cannot be started.
-CommandOutput run_command(const std::string& command, const std::string& input, double timeout_s);
-
 }  // namespace swiftcpp

@@ -75,22 +75,6 @@ std::string dataset_path(const std::string& spec) {
   return hash == std::string::npos ? spec : spec.substr(0, hash);
 }
 
-Json read_json_lines(const fs::path& file) {
-  Json out = Json::array();
-  if (!fs::exists(file)) return out;
-  require_regular_file(file, "training log");
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    Json row;
-    std::string error;
-    if (!try_parse_json(line, row, error)) break;  // a line cut by a hard kill: everything before it is intact
-    out.push_back(std::move(row));
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, int64_t epoch) {
@@ -443,7 +427,7 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
   args["world_size"] = world;
   if (writer) write_file_atomic(args_json, args.dump(2) + "\n");
   const fs::path log_file = run_dir / "logging.jsonl";
-  Json history = writer ? read_json_lines(log_file) : Json::array();
+  Json history = writer ? read_json_lines(log_file, "training log") : Json::array();
   if (writer) {
     std::string kept;
     Json filtered = Json::array();
@@ -581,6 +565,7 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
                   {"epoch", static_cast<double>(global_step) / static_cast<double>(state.steps_per_epoch)},
                   {"global_step", global_step},
                   {"tokens_per_s", window_tokens / std::max(1e-9, window_seconds)},
+                  {"step_s", window_seconds},  // the window's step seconds (one step with logging_steps 1)
                   {"memory_mib", peak_rss_mib()},
                   {"peak_memory_bytes", window_peak_bytes},
                   {"elapsed_time", format_duration(elapsed())},
@@ -590,7 +575,6 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
         // Over the logged window: each rank's forward+backward seconds (its busy time before the gradient
         // reduction) and the task's summed values (the scheduler's modelled step time of the same plans).
         record["rank_compute_s"] = window_rank_compute;
-        record["step_s"] = window_seconds;
         for (const auto& [name, sum] : window_sums) record[name] = sum;
       }
       if (r.skipped) record.erase("grad_norm");  // NaN/Inf has no JSON form
