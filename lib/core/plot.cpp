@@ -61,6 +61,30 @@ struct Point {
   double x, y;
 };
 
+void check_chart_size(const ChartOptions& options) {
+  if (options.width < kMinWidth || options.height < kMinHeight) {
+    fail<ConfigError>("chart size {}x{} is below the minimum {}x{}", options.width, options.height, kMinWidth,
+                      kMinHeight);
+  }
+}
+
+// The document's opening: the svg element, its <title>, a white background and the title drawn on top.
+std::string svg_head(const ChartOptions& options) {
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\">\n",
+      options.width, options.height);
+  if (!options.title.empty()) svg += fmt::format("<title>{}</title>\n", xml_escape(options.title));
+  svg += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", options.width,
+                     options.height);
+  if (!options.title.empty()) {
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
+        num(options.width / 2.0), xml_escape(options.title));
+  }
+  return svg;
+}
+
 }  // namespace
 
 NiceAxis nice_axis(double lo, double hi, int target_ticks) {
@@ -155,9 +179,7 @@ std::string xml_escape(const std::string& text) {
 std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions& options) {
   const int width = options.width;
   const int height = options.height;
-  if (width < kMinWidth || height < kMinHeight) {
-    fail<ConfigError>("chart size {}x{} is below the minimum {}x{}", width, height, kMinWidth, kMinHeight);
-  }
+  check_chart_size(options);
   for (const auto& s : series) {
     if (s.x.size() != s.y.size()) {
       fail<ConfigError>("chart series '{}' has {} x values but {} y values", s.name, s.x.size(), s.y.size());
@@ -177,17 +199,7 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
   }
   const bool has_data = x_min <= x_max;
 
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"{0}\" height=\"{1}\" "
-      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\">\n",
-      width, height);
-  if (!options.title.empty()) svg += fmt::format("<title>{}</title>\n", xml_escape(options.title));
-  svg += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", width, height);
-  if (!options.title.empty()) {
-    svg += fmt::format(
-        "<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
-        num(width / 2.0), xml_escape(options.title));
-  }
+  std::string svg = svg_head(options);
 
   NiceAxis x_axis, y_axis;
   std::vector<std::string> y_labels;
@@ -323,6 +335,88 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
       svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", num(box_x + 34), num(y + 4),
                          xml_escape(series[si].name));
       y += row;
+    }
+    svg += "</g>\n";
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string bar_chart_svg(const std::vector<std::string>& categories, const std::vector<BarPanel>& panels,
+                          const ChartOptions& options) {
+  check_chart_size(options);
+  if (panels.empty() || categories.empty()) fail<ConfigError>("a bar chart needs at least one panel and one category");
+  for (const auto& p : panels) {
+    if (p.values.size() != categories.size()) {
+      fail<ConfigError>("bar chart panel '{}' has {} values for {} categories", p.title, p.values.size(),
+                        categories.size());
+    }
+    for (const double v : p.values) {
+      if (!std::isnan(v) && !(v >= 0 && std::isfinite(v))) {
+        fail<ConfigError>("bar chart panel '{}': value {} is not a finite number >= 0", p.title, v);
+      }
+    }
+  }
+  const double width = options.width, height = options.height;
+  std::string svg = svg_head(options);
+  size_t label_chars = 1;
+  for (const auto& c : categories) label_chars = std::max(label_chars, c.size());
+  // Category labels down the left; panels side by side, each with its title above and tick labels below.
+  const double label_w = std::min(width / 3, 12 + 7 * static_cast<double>(label_chars));
+  const double top = (options.title.empty() ? 8 : 36) + 22, bottom = height - 26;
+  const double gap = 28, first_left = label_w + 10, right = width - 20;
+  const double n = static_cast<double>(panels.size());
+  const double panel_w = std::max(10.0, (right - first_left - gap * (n - 1)) / n);
+  const double row = (bottom - top) / static_cast<double>(categories.size());
+  const double bar_h = std::max(1.0, row * 0.6);
+  svg += "<g font-size=\"12\" fill=\"#333\">\n";
+  for (size_t c = 0; c < categories.size(); ++c) {
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", num(label_w),
+                       num(top + row * (static_cast<double>(c) + 0.5) + 4), xml_escape(categories[c]));
+  }
+  svg += "</g>\n";
+  for (size_t pi = 0; pi < panels.size(); ++pi) {
+    const BarPanel& p = panels[pi];
+    const double left = first_left + static_cast<double>(pi) * (panel_w + gap);
+    double max_value = 0;
+    for (const double v : p.values) {
+      if (!std::isnan(v)) max_value = std::max(max_value, v);
+    }
+    const NiceAxis axis = nice_axis(0, max_value > 0 ? max_value : 1);
+    const auto px = [&](double v) { return left + fraction(v, axis.lo, axis.hi) * panel_w; };
+    const std::string color = xml_escape(p.color.empty() ? kPalette[pi % kPaletteSize] : p.color);
+    svg += fmt::format("<g class=\"panel\">\n<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\" "
+                       "font-weight=\"bold\">{}</text>\n",
+                       num(left + panel_w / 2), num(top - 8), xml_escape(p.title));
+    for (const double t : axis.ticks) {
+      svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#e5e5e5\"/>\n", num(px(t)),
+                         num(top), num(bottom));
+      svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\" fill=\"#333\">{}</text>\n",
+                         num(px(t)), num(bottom + 16), xml_escape(format_tick(t, axis.step)));
+    }
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\"/>\n", num(left), num(top),
+                       num(bottom));
+    for (size_t c = 0; c < categories.size(); ++c) {
+      const double v = p.values[c];
+      const double y = top + row * static_cast<double>(c) + (row - bar_h) / 2;
+      const double text_y = top + row * (static_cast<double>(c) + 0.5) + 4;
+      if (std::isnan(v)) {
+        svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#888\">n/a</text>\n", num(left + 4),
+                           num(text_y));
+        continue;
+      }
+      const double w = px(v) - left;
+      const std::string value = v >= 100 ? fmt::format("{:.0f}", v) : v >= 1 ? fmt::format("{:.1f}", v)
+                                                                             : fmt::format("{:.3g}", v);
+      svg += fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{}: "
+                         "{} {}</title></rect>\n",
+                         num(left), num(y), num(w), num(bar_h), color, xml_escape(categories[c]), value,
+                         xml_escape(p.title));
+      // The value after the bar, or inside its end when the bar leaves no room for it.
+      const bool inside = w > panel_w - 7 * static_cast<double>(value.size()) - 8;
+      svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"{}\" font-size=\"11\" fill=\"{}\">{}</text>\n",
+                         num(inside ? left + w - 4 : left + w + 4), num(text_y), inside ? "end" : "start",
+                         inside ? "white" : "#333", value);
     }
     svg += "</g>\n";
   }

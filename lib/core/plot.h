@@ -1,4 +1,5 @@
-// Line charts as self-contained SVG files (loss curves), with no dependency beyond the standard library.
+// Line charts (loss curves) and bar charts (benchmark results) as self-contained SVG files, with no dependency beyond
+// the standard library.
 #pragma once
 
 #include <string>
@@ -51,6 +52,22 @@ std::string xml_escape(const std::string& text);
 /// axis labels, a legend of the named series (top right) and the title. With no finite point at all it draws the frame and "no data". All text
 /// is XML-escaped. Throws ConfigError when the size is below 160x120 or a series' x and y differ in length.
 std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions& options);
+
+/// One panel of a bar chart: a value per category (NaN: no bar, marked "n/a").
+struct BarPanel {
+  std::string title;           // what the bars measure, with the unit ("tokens/s")
+  std::vector<double> values;  // one per category: >= 0, or NaN
+  std::string color;           // any SVG colour; empty: the default palette's colour of the panel's index
+};
+
+/// A self-contained SVG 1.1 document of horizontal bar panels side by side that share the category labels down the
+/// left (options.title on top; the axis labels are not used): each panel has its title, an axis from 0 with about
+/// five nice ticks, one bar per category with a finite value (a `<rect class="bar">` with the value printed beside
+/// it: no decimals from 100, one from 1, else three significant digits) and "n/a" where the value is NaN. All text is XML-escaped. Throws ConfigError when the size is below
+/// 160x120, there is no panel or no category, a panel's value count differs from the categories' or a value is
+/// negative or infinite.
+std::string bar_chart_svg(const std::vector<std::string>& categories, const std::vector<BarPanel>& panels,
+                          const ChartOptions& options);
 
 /// Writes a loss chart (x "step", y "loss") of the train and eval series to `file` atomically. Empty names
 /// become "train" and "eval", and a series without points is left out. Throws IoError when the file cannot be

@@ -1,5 +1,5 @@
-// SVG line chart tests without an XML parser: nice ticks for hand-checked ranges, tick labels, escaping, and
-// structural checks of the document (nesting of tags, polylines and their point counts, the no-data case).
+// SVG chart tests without an XML parser: nice ticks for hand-checked ranges, tick labels, escaping, and structural
+// checks of the document (nesting of tags, polylines and their point counts, the no-data case, bar widths).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -328,6 +328,50 @@ TEST(Plot, RejectsBadInput) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("'train' has 3 x values but 2 y values"), std::string::npos) << e.what();
   }
+}
+
+// The width attributes of the bars (<rect class="bar">), in order.
+std::vector<double> bar_widths(const std::string& svg) {
+  std::vector<double> out;
+  for (size_t pos = svg.find("<rect class=\"bar\""); pos != std::string::npos;
+       pos = svg.find("<rect class=\"bar\"", pos + 1)) {
+    const size_t start = svg.find("width=\"", pos) + 7;
+    out.push_back(std::stod(svg.substr(start, svg.find('"', start) - start)));
+  }
+  return out;
+}
+
+TEST(Plot, BarChartDrawsABarPerFiniteValue) {
+  ChartOptions o;
+  o.title = "bench <1>";
+  const std::string svg = bar_chart_svg({"lora", "full <x>", "qlora"},
+                                        {{"tokens/s", {100, 250, kNaN}, ""}, {"peak RSS (MiB)", {10, 20, kNaN}, "red"}}, o);
+  EXPECT_EQ(check_well_formed(svg), "");
+  const std::vector<double> widths = bar_widths(svg);
+  ASSERT_EQ(widths.size(), 4u);  // two panels, two finite values each
+  EXPECT_NEAR(widths[1] / widths[0], 2.5, 1e-3);  // bars from 0, proportional to the values
+  EXPECT_NEAR(widths[3] / widths[2], 2.0, 1e-3);
+  EXPECT_EQ(count(svg, ">n/a</text>"), 2);
+  EXPECT_NE(svg.find(">full &lt;x&gt;</text>"), std::string::npos);
+  EXPECT_NE(svg.find("bench &lt;1&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">tokens/s</text>"), std::string::npos);
+  EXPECT_NE(svg.find("fill=\"red\""), std::string::npos);
+  EXPECT_NE(svg.find(">250</text>"), std::string::npos);  // the value beside its bar
+  // Every value missing: the frame, labels and n/a marks, no bar.
+  const std::string empty = bar_chart_svg({"a"}, {{"x", {kNaN}, ""}}, o);
+  EXPECT_EQ(check_well_formed(empty), "");
+  EXPECT_TRUE(bar_widths(empty).empty());
+}
+
+TEST(Plot, BarChartRejectsBadInput) {
+  ChartOptions o;
+  EXPECT_THROW(bar_chart_svg({"a"}, {}, o), ConfigError);
+  EXPECT_THROW(bar_chart_svg({}, {{"x", {}, ""}}, o), ConfigError);
+  EXPECT_THROW(bar_chart_svg({"a", "b"}, {{"x", {1}, ""}}, o), ConfigError);
+  EXPECT_THROW(bar_chart_svg({"a"}, {{"x", {-1}, ""}}, o), ConfigError);
+  EXPECT_THROW(bar_chart_svg({"a"}, {{"x", {kInf}, ""}}, o), ConfigError);
+  o.height = 50;
+  EXPECT_THROW(bar_chart_svg({"a"}, {{"x", {1}, ""}}, o), ConfigError);
 }
 
 TEST(Plot, WriteLossCurveSvg) {
