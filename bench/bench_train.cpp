@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/version.h>
 
 #include "core/json.h"
@@ -44,6 +45,7 @@ struct Options {
   std::string write_init_adapter;
   bool gradient_checkpointing = false;
   bool keep_attention_probs = false;
+  std::string profile;  // chrome trace of the first run's timed steps (LibTorch's legacy profiler)
   int64_t quant_bits = 0;  // QLoRA: the base's decoder linear layers packed (asymmetric RTN) before training
   int64_t quant_group_size = 64;
 };
@@ -184,6 +186,8 @@ int main(int argc, char** argv) {
   app.add_option("--quant-bits", o.quant_bits, "QLoRA: pack the base to 4 or 8 bits (0: float base)")
       ->check(CLI::IsMember({0, 4, 8}));
   app.add_option("--quant-group-size", o.quant_group_size);
+  app.add_option("--profile", o.profile,
+                 "write a chrome://tracing file of the first run's timed steps (operator times; see bench/profile_ops.py)");
   app.add_flag("--keep-attention-probs", o.keep_attention_probs,
                "train with the attention kernel that keeps its probabilities for backward (default: recompute them)");
   CLI11_PARSE(app, argc, argv);
@@ -193,7 +197,7 @@ int main(int argc, char** argv) {
     if (o.keep_attention_probs) nn::set_recompute_attention(false);
     const double ceiling = matmul_ceiling_gflops();
     CausalLM probe = load_causal_lm(o.model);
-    const DecoderConfig& mc = probe->config();
+    const DecoderConfig mc = probe->config();  // a copy: the probe is released below
     const auto batches = make_batches(o, mc.vocab_size);
     if (!o.write_batches.empty()) write_batches(o.write_batches, batches);
 
@@ -253,6 +257,11 @@ int main(int argc, char** argv) {
       double tokens = 0, seconds = 0, flops = 0;
       for (int64_t i = 0; i < n; ++i) {
         const Batch& b = batches[i % batches.size()];
+        std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+        if (!o.profile.empty() && run == 0 && i >= o.warmup) {
+          profile = std::make_unique<torch::autograd::profiler::RecordProfile>(
+              fmt::format("{}.step{}.json", o.profile, i - o.warmup));
+        }
         const auto t0 = std::chrono::steady_clock::now();
         const StepResult r = trainer.step({b}, i, n);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

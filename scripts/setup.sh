@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libopenblas0-openmp libgloo-dev
+  libtorch-dev libopenblas0-openmp libgloo-dev libdnnl-dev  # libdnnl-dev: oneDNN's sgemm for float32 GEMMs
   libsentencepiece-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libcpp-httplib-dev libpcre2-dev libicu-dev zlib1g-dev libbz2-dev libjpeg62-turbo-dev libpng-dev
   python3-torch python3-numpy python3-jinja2

@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "core/error.h"
+#include "nn/gemm.h"
 #include "nn/kernels.h"
 
 namespace swiftcpp::nn {
@@ -133,7 +135,7 @@ at::Tensor block_scores(const at::Tensor& qb, at::TensorList keys, const at::Ten
                         int64_t rows, double scale, double softcap, at::ScalarType acc, at::Tensor* cap_slope = nullptr) {
   std::vector<at::Tensor> parts;
   parts.reserve(keys.size());
-  for (const auto& k : keys) parts.push_back(at::matmul(qb, k.transpose(-1, -2)));
+  for (const auto& k : keys) parts.push_back(nn::bmm(qb, k.transpose(-1, -2)));
   at::Tensor scores = (parts.size() == 1 ? parts[0] : at::cat(parts, -1)).to(acc).mul_(scale);
   if (softcap > 0) {
     scores.div_(softcap).tanh_();
@@ -154,6 +156,71 @@ int64_t rows_per_block(int64_t B, int64_t H, int64_t T, int64_t S, int64_t works
   return std::min(T, std::max<int64_t>(16, workspace / per_row));
 }
 
+// Query rows per block when blocks skip the keys no query of theirs may see: small enough that a causal block's
+// keys stop near its last query, large enough for the products to stay efficient.
+constexpr int64_t kSkipRows = 128;
+
+// Per query block of R rows and batch row of B: the keys [lo, hi) some query of the block may see (mask [B|1, 1, T, S]
+// bool), as [blocks, B, 2] int64 on the CPU; the whole [0, S) where a block's queries see no key at all. One pass
+// with memchr/memrchr over each query's mask row, which stop at the first / last key it sees.
+at::Tensor visible_key_ranges(const at::Tensor& mask, int64_t B, int64_t R) {
+  const at::Tensor m = mask.to(at::kCPU, at::kBool).contiguous();
+  const int64_t T = m.size(2), S = m.size(3), blocks = (T + R - 1) / R;
+  at::Tensor ranges = at::empty({blocks, B, 2}, at::kLong);
+  int64_t* out = ranges.data_ptr<int64_t>();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(m.data_ptr<bool>());
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t lo = S, hi = 0;
+      for (int64_t t = blk * R; t < std::min(T, (blk + 1) * R); ++t) {
+        const unsigned char* row = bytes + ((m.size(0) == 1 ? 0 : b) * T + t) * S;
+        if (const void* first = std::memchr(row, 1, static_cast<size_t>(lo))) {
+          lo = static_cast<const unsigned char*>(first) - row;
+        }
+        if (const void* last = memrchr(row + hi, 1, static_cast<size_t>(S - hi))) {
+          hi = static_cast<const unsigned char*>(last) - row + 1;
+        }
+      }
+      if (lo >= hi) lo = 0, hi = S;
+      out[(blk * B + b) * 2] = lo;
+      out[(blk * B + b) * 2 + 1] = hi;
+    }
+  }
+  return ranges;
+}
+
+// One tile of work: batch rows [b0, b0 + nb) against key positions [lo, lo + len) of a single key block, or every
+// key block whole (split == false).
+struct Tile {
+  int64_t b0, nb, lo, len;
+  bool split;
+};
+
+// The tiles of query block `block`: one for the whole batch and every key, or (one key block and a mask) one per
+// batch row over just the keys its block's queries may see (ranges from visible_key_ranges).
+std::vector<Tile> tiles_of(const at::Tensor& ranges, int64_t block, int64_t B, int64_t S) {
+  if (!ranges.defined()) return {Tile{0, B, 0, S, false}};
+  std::vector<Tile> tiles;
+  const int64_t* r = ranges.data_ptr<int64_t>() + block * B * 2;
+  for (int64_t b = 0; b < B; ++b) tiles.push_back(Tile{b, 1, r[2 * b], r[2 * b + 1] - r[2 * b], true});
+  return tiles;
+}
+
+// The tile's key (or value) blocks and mask: narrowed to its batch rows and key range.
+std::vector<at::Tensor> tile_blocks(at::TensorList blocks, const Tile& t) {
+  std::vector<at::Tensor> out;
+  for (const auto& k : blocks) {
+    const at::Tensor rows = k.narrow(0, t.b0, t.nb);
+    out.push_back(t.split ? rows.narrow(2, t.lo, t.len) : rows);
+  }
+  return out;
+}
+at::Tensor tile_mask(const at::Tensor& mask, const Tile& t) {
+  if (!mask.defined()) return mask;
+  const at::Tensor rows = mask.size(0) == 1 ? mask : mask.narrow(0, t.b0, t.nb);
+  return t.split ? rows.narrow(3, t.lo, t.len) : rows;
+}
+
 class BlockAttention : public torch::autograd::Function<BlockAttention> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, at::TensorList keys,
@@ -166,25 +233,41 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     for (const auto& k : keys) S += k.size(2);
     const auto acc = accumulate_dtype(q);
     const double scale = score_scale != 0 ? score_scale : 1.0 / std::sqrt(static_cast<double>(Dh));
-    const int64_t R = rows_per_block(B, H, T, S, workspace);
+    // With one key block and a mask, each batch row's query blocks skip the keys none of their queries may see
+    // (causal future, other packed samples, padding): scores and products over visible keys only.
+    const bool split = mask.defined() && keys.size() == 1;
+    const int64_t R = split ? std::min(kSkipRows, rows_per_block(1, H, T, S, workspace))
+                            : rows_per_block(B, H, T, S, workspace);
+    const at::Tensor ranges = split ? visible_key_ranges(mask, B, R) : at::Tensor();  // [blocks, B, 2]
+    // Products in the accumulate dtype (float32 for half-precision inputs), float32 ones through nn::bmm.
+    const at::Tensor qa = q.to(acc);
+    std::vector<at::Tensor> keys_acc, values_acc;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keys_acc.push_back(keys[i].to(acc));
+      values_acc.push_back(values[i].to(acc));
+    }
     at::Tensor out = at::empty({B, Hkv, G, T, Dh}, q.options());
     at::Tensor lse = at::empty({B, Hkv, G, T}, q.options().dtype(acc));
     for (int64_t first = 0; first < T; first += R) {
       const int64_t rows = std::min(R, T - first);
-      const at::Tensor qb = query_rows(q, Hkv, first, rows);                        // [B, Hkv, G*rows, Dh]
-      const at::Tensor scores = block_scores(qb, keys, mask, G, first, rows, scale, softcap, acc);  // [B, Hkv, G*rows, S]
-      const at::Tensor row_lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);     // [B, Hkv, G*rows, 1]
-      const at::Tensor probs = scores.sub_(row_lse).exp_().to(q.scalar_type());
-      at::Tensor ob;
-      int64_t offset = 0;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        const int64_t n = keys[i].size(2);
-        const at::Tensor part = at::matmul(probs.narrow(-1, offset, n), values[i]);  // [B, Hkv, G*rows, Dh]
-        ob = ob.defined() ? ob.add_(part) : part;
-        offset += n;
+      for (const Tile& t : tiles_of(ranges, first / R, B, S)) {
+        const std::vector<at::Tensor> ks = tile_blocks(keys_acc, t), vs = tile_blocks(values_acc, t);
+        const at::Tensor qb = query_rows(qa.narrow(0, t.b0, t.nb), Hkv, first, rows);  // [nb, Hkv, G*rows, Dh]
+        const at::Tensor scores =
+            block_scores(qb, ks, tile_mask(mask, t), G, first, rows, scale, softcap, acc);  // [nb, Hkv, G*rows, S']
+        const at::Tensor row_lse = at::logsumexp(scores, {-1}, /*keepdim=*/true);         // [nb, Hkv, G*rows, 1]
+        const at::Tensor probs = scores.sub_(row_lse).exp_();
+        at::Tensor ob;
+        int64_t offset = 0;
+        for (size_t i = 0; i < ks.size(); ++i) {
+          const int64_t n = ks[i].size(2);
+          const at::Tensor part = nn::bmm(probs.narrow(-1, offset, n), vs[i]);  // [nb, Hkv, G*rows, Dh]
+          ob = ob.defined() ? ob.add_(part) : part;
+          offset += n;
+        }
+        out.narrow(0, t.b0, t.nb).narrow(3, first, rows).copy_(ob.view({t.nb, Hkv, G, rows, Dh}));
+        lse.narrow(0, t.b0, t.nb).narrow(3, first, rows).copy_(row_lse.view({t.nb, Hkv, G, rows}));
       }
-      out.narrow(3, first, rows).copy_(ob.view({B, Hkv, G, rows, Dh}));
-      lse.narrow(3, first, rows).copy_(row_lse.view({B, Hkv, G, rows}));
     }
     out = out.view({B, H, T, Dh});
     std::vector<at::Tensor> saved = {q, out, lse};
@@ -197,6 +280,7 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["has_mask"] = mask.defined();
     if (mask.defined()) ctx->saved_data["mask"] = mask;
+    if (ranges.defined()) ctx->saved_data["ranges"] = ranges;
     return out;
   }
 
@@ -221,7 +305,10 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     for (const auto& k : keys) S += k.size(2);
     const double scale = ctx->saved_data["scale"].toDouble();
     const double softcap = ctx->saved_data["softcap"].toDouble();
-    const int64_t R = rows_per_block(B, H, T, S, workspace);
+    const bool split = mask.defined() && n == 1;  // as the forward tiled
+    const int64_t R = split ? std::min(kSkipRows, rows_per_block(1, H, T, S, workspace))
+                            : rows_per_block(B, H, T, S, workspace);
+    const at::Tensor ranges = split ? ctx->saved_data["ranges"].toTensor() : at::Tensor();
     const at::Tensor qa = q.to(acc), go = grads[0].to(acc).contiguous(), oa = out.to(acc);
     at::Tensor dq = at::empty({B, Hkv, G, T, Dh}, qa.options());
     std::vector<at::Tensor> dk, dv;
@@ -231,28 +318,32 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     }
     for (int64_t first = 0; first < T; first += R) {
       const int64_t rows = std::min(R, T - first);
-      const at::Tensor qb = query_rows(qa, Hkv, first, rows);   // [B, Hkv, G*rows, Dh]
-      const at::Tensor gb = query_rows(go, Hkv, first, rows);   // dO rows
-      const at::Tensor ob = query_rows(oa, Hkv, first, rows);
-      const at::Tensor row_lse = lse.narrow(3, first, rows).reshape({B, Hkv, G * rows, 1});
-      at::Tensor slope;  // softcap: d(capped)/d(scaled) [B, Hkv, G*rows, S]
-      const at::Tensor probs =
-          block_scores(qb, keys, mask, G, first, rows, scale, softcap, acc, &slope).sub_(row_lse).exp_();
-      const at::Tensor delta = (gb * ob).sum(-1, /*keepdim=*/true);  // rowsum(dO * O): [B, Hkv, G*rows, 1]
-      at::Tensor dqb;
-      int64_t offset = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t len = keys[i].size(2);
-        const at::Tensor p = probs.narrow(-1, offset, len);                          // [B, Hkv, G*rows, S_i]
-        dv[i].add_(at::matmul(p.transpose(-1, -2), gb));                            // [B, Hkv, S_i, Dh]
-        at::Tensor ds = at::matmul(gb, values[i].transpose(-1, -2)).sub_(delta).mul_(p).mul_(scale);
-        if (slope.defined()) ds.mul_(slope.narrow(-1, offset, len));
-        dk[i].add_(at::matmul(ds.transpose(-1, -2), qb));
-        const at::Tensor part = at::matmul(ds, keys[i]);                            // [B, Hkv, G*rows, Dh]
-        dqb = dqb.defined() ? dqb.add_(part) : part;
-        offset += len;
+      for (const Tile& t : tiles_of(ranges, first / R, B, S)) {
+        const std::vector<at::Tensor> ks = tile_blocks(keys, t), vs = tile_blocks(values, t);
+        std::vector<at::Tensor> dks = tile_blocks(dk, t), dvs = tile_blocks(dv, t);  // views: updates land in dk, dv
+        const at::Tensor qb = query_rows(qa.narrow(0, t.b0, t.nb), Hkv, first, rows);  // [nb, Hkv, G*rows, Dh]
+        const at::Tensor gb = query_rows(go.narrow(0, t.b0, t.nb), Hkv, first, rows);  // dO rows
+        const at::Tensor ob = query_rows(oa.narrow(0, t.b0, t.nb), Hkv, first, rows);
+        const at::Tensor row_lse = lse.narrow(0, t.b0, t.nb).narrow(3, first, rows).reshape({t.nb, Hkv, G * rows, 1});
+        at::Tensor slope;  // softcap: d(capped)/d(scaled) [nb, Hkv, G*rows, S']
+        const at::Tensor probs =
+            block_scores(qb, ks, tile_mask(mask, t), G, first, rows, scale, softcap, acc, &slope).sub_(row_lse).exp_();
+        const at::Tensor delta = (gb * ob).sum(-1, /*keepdim=*/true);  // rowsum(dO * O): [nb, Hkv, G*rows, 1]
+        at::Tensor dqb;
+        int64_t offset = 0;
+        for (size_t i = 0; i < ks.size(); ++i) {
+          const int64_t len = ks[i].size(2);
+          const at::Tensor p = probs.narrow(-1, offset, len);                          // [nb, Hkv, G*rows, S_i]
+          dvs[i].add_(nn::bmm(p.transpose(-1, -2), gb));                              // [nb, Hkv, S_i, Dh]
+          at::Tensor ds = nn::bmm(gb, vs[i].transpose(-1, -2)).sub_(delta).mul_(p).mul_(scale);
+          if (slope.defined()) ds.mul_(slope.narrow(-1, offset, len));
+          dks[i].add_(nn::bmm(ds.transpose(-1, -2), qb));
+          const at::Tensor part = nn::bmm(ds, ks[i]);                              // [nb, Hkv, G*rows, Dh]
+          dqb = dqb.defined() ? dqb.add_(part) : part;
+          offset += len;
+        }
+        dq.narrow(0, t.b0, t.nb).narrow(3, first, rows).copy_(dqb.view({t.nb, Hkv, G, rows, Dh}));
       }
-      dq.narrow(3, first, rows).copy_(dqb.view({B, Hkv, G, rows, Dh}));
     }
     torch::autograd::variable_list result;
     result.push_back(dq.view({B, H, T, Dh}).to(q.scalar_type()));

@@ -9,6 +9,10 @@
 
 #include <immintrin.h>
 
+#ifdef SWIFTCPP_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
 // gcc 12 reports the deliberately undefined vectors inside its own AVX-512 intrinsics (_mm512_undefined_*) as maybe
 // uninitialised wherever they are inlined; nothing of ours is.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -282,5 +286,35 @@ void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, i
 }
 
 #undef SWIFTCPP_DISPATCH
+
+namespace {
+#ifdef SWIFTCPP_HAVE_DNNL
+std::atomic<bool> g_fast_gemm{true};
+#else
+std::atomic<bool> g_fast_gemm{false};
+#endif
+}  // namespace
+
+bool has_fast_gemm() { return g_fast_gemm.load(std::memory_order_relaxed); }
+
+void set_fast_gemm(bool on) {
+#ifdef SWIFTCPP_HAVE_DNNL
+  g_fast_gemm = on;
+#else
+  (void)on;
+#endif
+}
+
+bool sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#ifdef SWIFTCPP_HAVE_DNNL
+  if (!has_fast_gemm()) return false;
+  return dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success;
+#else
+  (void)transa, (void)transb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+  (void)beta, (void)C, (void)ldc;
+  return false;
+#endif
+}
 
 }  // namespace swiftcpp::kernels

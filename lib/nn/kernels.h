@@ -73,6 +73,21 @@ void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, 
 /// The same with bfloat16 values (raw bits).
 void accumulate_rows_bf16(const float* p, const uint16_t* v, int64_t ldv, int64_t rows, int64_t n, float* out);
 
+/// Whether this build has the fast float32 GEMM below (oneDNN's sgemm, JIT-compiled for the CPU's widest vectors:
+/// AVX-512 where present, where Debian's OpenBLAS 0.3.21 runs its 256-bit Haswell kernels on AMD Zen 4/5) and it
+/// is switched on (set_fast_gemm).
+bool has_fast_gemm();
+/// Switches the fast GEMM off (LibTorch's at::mm, i.e. OpenBLAS, runs instead) or back on, process-wide; for
+/// benchmarks and tests that compare the two.
+void set_fast_gemm(bool on);
+
+/// C = alpha * op(A) op(B) + beta * C in row-major storage (BLAS's sgemm on row-major matrices): op(A) [M, K],
+/// op(B) [K, N], C [M, N] with leading dimensions lda, ldb, ldc; trans 'N' or 'T'. Runs on the calling thread's
+/// OpenMP team. Returns false (and touches nothing) where has_fast_gemm() is false or the kernel refuses the
+/// arguments; the caller then multiplies another way.
+bool sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 /// Rows [o0, o1) of W as float32 into out [(o1 - o0), cols] (row stride ldo).
 void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo);
 

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "nn/gemm.h"
 #include "nn/kernels.h"
 #include "nn/row_adapters.h"
 #include "quant/packed.h"
@@ -192,7 +195,7 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight, const at:
     const at::Tensor row = x.reshape({-1});
     return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row)).view(shape);
   }
-  return at::linear(x, weight, bias);
+  return nn::linear(x, weight, bias);
 }
 
 QuantBlocks QuantBlocks::from_values(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros, int bits) {
@@ -251,11 +254,11 @@ at::Tensor quant_blocks_linear(const at::Tensor& x, const QuantBlocks& w, const 
   }
   // Many rows, or autograd: W expanded to x's dtype tile by tile (about 2^22 weights each), constants to autograd.
   const int64_t tile = std::max<int64_t>(16, (int64_t{1} << 22) / std::max<int64_t>(w.cols, 1));
-  if (tile >= w.rows) return at::linear(x, dequantize_tile(w, 0, w.rows).to(x.device(), x.scalar_type()), bias);
+  if (tile >= w.rows) return nn::linear(x, dequantize_tile(w, 0, w.rows).to(x.device(), x.scalar_type()), bias);
   std::vector<at::Tensor> parts;
   for (int64_t o0 = 0; o0 < w.rows; o0 += tile) {
     const int64_t n = std::min(tile, w.rows - o0);
-    parts.push_back(at::linear(x, dequantize_tile(w, o0, n).to(x.device(), x.scalar_type()),
+    parts.push_back(nn::linear(x, dequantize_tile(w, o0, n).to(x.device(), x.scalar_type()),
                                bias.defined() ? bias.narrow(0, o0, n) : at::Tensor()));
   }
   return at::cat(parts, -1);
@@ -279,7 +282,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   if (!lora) return out;
   const LoraWeights& a = *lora;
   const at::Tensor xd = (a.dropout > 0 && is_training()) ? at::dropout(x, a.dropout, /*train=*/true) : x;
-  const at::Tensor delta = at::linear(at::linear(xd, a.lora_A), a.lora_B);  // [..., out]
+  const at::Tensor delta = nn::linear(nn::linear(xd, a.lora_A), a.lora_B);  // [..., out]
   if (!a.magnitude.defined()) return at::add(out, delta, a.scale);
   // DoRA (PEFT): base(x) + (m / ||W + s B A|| - 1) * (dropout(x) W^T) + (m / ||W + s B A||) * s * B A dropout(x)
   at::Tensor norm;
@@ -293,7 +296,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   const at::Tensor base_d = xd.is_same(x) && !bias.defined() ? out
                             : blocks                       ? quant_blocks_linear(xd, *blocks, at::Tensor())
                             : packed                       ? packed_linear(xd, packed, at::Tensor())
-                                                           : at::linear(xd, weight);
+                                                           : nn::linear(xd, weight);
   return out + (ratio - 1) * base_d + ratio * delta * a.scale;
 }
 
@@ -569,6 +572,221 @@ at::Tensor activate(Activation act, at::Tensor x) {
       return at::gelu(x);
   }
   return x;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMM-backed products with their own backward, and the chunked head loss (nn/gemm.h).
+
+namespace {
+// A 2-D tensor as a row-major BLAS operand: 'N' with its row stride when its rows are contiguous, 'T' with its column
+// stride when its columns are (a transposed view); false otherwise.
+bool blas_operand(const at::Tensor& t, char& trans, int64_t& ld) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (t.stride(1) == 1 || c == 1) {
+    const int64_t stride = r == 1 ? c : t.stride(0);
+    if (stride >= std::max<int64_t>(1, c)) {
+      trans = 'N';
+      ld = stride;
+      return true;
+    }
+  }
+  if (t.stride(0) == 1 || r == 1) {
+    const int64_t stride = c == 1 ? r : t.stride(1);
+    if (stride >= std::max<int64_t>(1, r)) {
+      trans = 'T';
+      ld = stride;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool fast_gemm_operands(const at::Tensor& a, const at::Tensor& b) {
+  return kernels::has_fast_gemm() && a.dim() == 2 && b.dim() == 2 && a.device().is_cpu() && b.device().is_cpu() &&
+         a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.size(0) > 0 && a.size(1) > 0 &&
+         b.size(1) > 0;
+}
+
+// c [M, N] (row-contiguous) = a @ b + beta * c through kernels::sgemm; false when it does not apply.
+bool sgemm_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, float beta) {
+  if (!fast_gemm_operands(a, b) || c.scalar_type() != at::kFloat || !c.device().is_cpu()) return false;
+  char ta = 'N', tb = 'N';
+  int64_t lda = 0, ldb = 0;
+  if (!blas_operand(a, ta, lda) || !blas_operand(b, tb, ldb)) return false;
+  if (c.stride(1) != 1 && c.size(1) != 1) return false;
+  const int64_t ldc = c.size(0) == 1 ? c.size(1) : c.stride(0);
+  if (ldc < c.size(1)) return false;
+  return kernels::sgemm(ta, tb, a.size(0), b.size(1), a.size(1), 1.0f, a.data_ptr<float>(), lda,
+                        b.data_ptr<float>(), ldb, beta, c.data_ptr<float>(), ldc);
+}
+
+bool autocast_on(const at::Tensor& x) {
+  return x.device().is_cpu() ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+
+// x [N, in] @ weight [out, in]^T with the backward's products through nn::mm too.
+class GemmLinear : public torch::autograd::Function<GemmLinear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return nn::mm(x, weight.t());  // [N, out]
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor dy = grads[0].contiguous();  // [N, out]
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) dx = nn::mm(dy, saved[1]);      // [N, out] @ [out, in]
+    if (ctx->needs_input_grad(1)) dw = nn::mm(dy.t(), saved[0]);  // [out, N] @ [N, in]
+    return {dx, dw};
+  }
+};
+
+// Sum of the cross-entropy of hidden [N, D] @ weight [V, D]^T against targets [N], chunk by chunk (see
+// linear_cross_entropy); with dh / dw defined ([N, D] / zeroed [V, D] float32), also its gradients.
+at::Tensor head_loss_chunks(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets, bool bf16,
+                            int64_t chunk_elements, at::Tensor* correct, at::Tensor dh, at::Tensor dw) {
+  const int64_t N = hidden.size(0), V = weight.size(0);
+  const int64_t R = std::max<int64_t>(1, std::min(N, chunk_elements / std::max<int64_t>(1, V)));
+  const at::Tensor w_op = bf16 ? weight.to(at::kBFloat16) : weight;  // [V, D]
+  at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+  at::Tensor hits = at::zeros({}, targets.options());
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = std::min(R, N - r0);
+    const at::Tensor h = hidden.narrow(0, r0, n);
+    const at::Tensor h_op = bf16 ? h.to(at::kBFloat16) : h;
+    const at::Tensor t = targets.narrow(0, r0, n).unsqueeze(1);  // [n, 1]
+    at::Tensor logits = bf16 ? at::mm(h_op, w_op.t()).to(at::kFloat) : nn::mm(h, weight.t()).to(at::kFloat);  // [n, V]
+    if (correct != nullptr) hits.add_(logits.argmax(1).eq(t.squeeze(1)).sum());
+    const at::Tensor lse = at::logsumexp(logits, {1}, /*keepdim=*/true);  // [n, 1]
+    loss.add_((lse - logits.gather(1, t)).sum());
+    if (!dh.defined() && !dw.defined()) continue;
+    // d(sum of losses)/d(logits) = softmax - one_hot, in place of the logits.
+    at::Tensor g = logits.sub_(lse).exp_();
+    g.scatter_add_(1, t, at::full({n, 1}, -1.0f, g.options()));
+    if (bf16) {
+      const at::Tensor g_op = g.to(at::kBFloat16);
+      if (dh.defined()) dh.narrow(0, r0, n).copy_(at::mm(g_op, w_op));
+      if (dw.defined()) dw.add_(at::mm(g_op.t(), h_op));
+    } else {
+      if (dh.defined()) {
+        at::Tensor rows = dh.narrow(0, r0, n);
+        nn::mm_into(g, weight, rows, 0.0f);
+      }
+      if (dw.defined()) nn::mm_into(g.t(), h, dw, 1.0f);
+    }
+  }
+  if (correct != nullptr) *correct = correct->defined() ? *correct + hits : hits;
+  return loss;
+}
+
+class ChunkedHeadLoss : public torch::autograd::Function<ChunkedHeadLoss> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, bool bf16, int64_t chunk_elements, at::Tensor* correct) {
+    const at::Tensor dh = hidden.requires_grad() ? at::empty(hidden.sizes(), hidden.options()) : at::Tensor();
+    const at::Tensor dw = weight.requires_grad() ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
+                                                 : at::Tensor();
+    at::Tensor loss = head_loss_chunks(hidden, weight, targets, bf16, chunk_elements, correct, dh, dw);
+    ctx->saved_data["dh"] = dh.defined() ? c10::IValue(dh) : c10::IValue();
+    ctx->saved_data["dw"] = dw.defined() ? c10::IValue(dw.to(weight.scalar_type())) : c10::IValue();
+    return loss;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor scale = grads[0];
+    const c10::IValue dh = ctx->saved_data["dh"], dw = ctx->saved_data["dw"];
+    TORCH_CHECK(!(ctx->needs_input_grad(0) && dh.isNone()) && !(ctx->needs_input_grad(1) && dw.isNone()),
+                "linear_cross_entropy: a gradient was asked for that the forward did not form (was autograd off?)");
+    // One entry per forward argument: hidden, weight, then none for targets, bf16, chunk_elements, correct.
+    return {dh.isNone() ? at::Tensor() : dh.toTensor() * scale, dw.isNone() ? at::Tensor() : dw.toTensor() * scale,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (fast_gemm_operands(a, b) && a.size(1) == b.size(0)) {
+    at::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
+    if (sgemm_into(a, b, c, 0.0f)) return c;
+  }
+  return at::mm(a, b);
+}
+
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t d = a.dim();
+  if (d < 3 || b.dim() != d || a.sizes().slice(0, d - 2) != b.sizes().slice(0, d - 2) || a.size(-1) != b.size(-2) ||
+      a.numel() == 0 || b.numel() == 0) {
+    return at::matmul(a, b);
+  }
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const at::Tensor a3 = a.reshape({-1, M, K}), b3 = b.reshape({-1, K, N});  // views where the layout allows
+  char ta = 'N', tb = 'N';
+  int64_t lda = 0, ldb = 0;
+  if (!fast_gemm_operands(a3[0], b3[0]) || !blas_operand(a3[0], ta, lda) || !blas_operand(b3[0], tb, ldb)) {
+    return at::matmul(a, b);
+  }
+  const int64_t batch = a3.size(0);
+  at::Tensor c = at::empty({batch, M, N}, a.options());
+  const float* ap = a3.data_ptr<float>();
+  const float* bp = b3.data_ptr<float>();
+  float* cp = c.data_ptr<float>();
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, batch, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if (!kernels::sgemm(ta, tb, M, N, K, 1.0f, ap + i * a3.stride(0), lda, bp + i * b3.stride(0), ldb, 0.0f,
+                          cp + i * M * N, N)) {
+        ok = false;
+      }
+    }
+  });
+  if (!ok) return at::matmul(a, b);
+  auto shape = a.sizes().vec();
+  shape.back() = N;
+  return c.view(shape);
+}
+
+void mm_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, float beta) {
+  if (sgemm_into(a, b, c, beta)) return;
+  if (beta == 0) {
+    c.copy_(at::mm(a, b));
+  } else {
+    c.mul_(beta).add_(at::mm(a, b));
+  }
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t in = weight.size(1);
+  if (autocast_on(x) || x.numel() == 0 || !fast_gemm_operands(x.reshape({-1, in}), weight.t())) {
+    return at::linear(x, weight, bias);
+  }
+  char trans = 'N';
+  int64_t ld = 0;
+  if (!blas_operand(weight, trans, ld)) return at::linear(x, weight, bias);
+  const at::Tensor rows = x.reshape({-1, in});  // [N, in]
+  const bool record = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  at::Tensor y = record ? GemmLinear::apply(rows, weight) : nn::mm(rows, weight.t());  // [N, out]
+  auto shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  y = y.view(shape);
+  if (!bias.defined()) return y;
+  return record || bias.requires_grad() ? y + bias : y.add_(bias);
+}
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                at::Tensor* correct, int64_t chunk_elements) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) && targets.dim() == 1 &&
+                  targets.size(0) == hidden.size(0),
+              "linear_cross_entropy expects hidden [N, D], weight [V, D], targets [N]; got ", hidden.sizes(), ", ",
+              weight.sizes(), ", ", targets.sizes());
+  const bool bf16 = autocast_on(hidden) && (hidden.device().is_cpu() ? at::autocast::get_autocast_cpu_dtype()
+                                                                      : at::autocast::get_autocast_gpu_dtype()) ==
+                                               at::kBFloat16;
+  const bool grads = at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  const at::Tensor t = targets.to(at::kLong);
+  // No rows (a chunk without labels) still goes through the Function: a zero loss that backward accepts.
+  if (!grads) return head_loss_chunks(hidden, weight, t, bf16, chunk_elements, correct, {}, {});
+  return ChunkedHeadLoss::apply(hidden, weight, t, bf16, chunk_elements, correct);
 }
 
 }  // namespace swiftcpp::nn

@@ -7,6 +7,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "nn/gemm.h"
+#include "nn/row_adapters.h"
 #include "train/autocast.h"
 
 namespace swiftcpp {
@@ -199,6 +201,39 @@ void Trainer::load_optimizer_state(const std::vector<std::pair<std::string, at::
   optimizer_->load_state(mine, steps, origin);
 }
 
+namespace {
+// The head's weight [V, D] when the head is a plain product (no adapter, packed weight, bias, observer or logit cap),
+// so the loss can run chunk by chunk (nn::linear_cross_entropy); undefined otherwise.
+at::Tensor plain_head_weight(CausalLM& model) {
+  if (model->config().final_logit_softcapping != 0 || nn::current_row_adapters() != nullptr) return {};
+  if (!model->lm_head) return model->model->embed_tokens->weight;
+  const nn::LinearImpl& head = *model->lm_head;
+  if (head.lora || head.packed || head.blocks || head.bias.defined() || head.input_observer) return {};
+  return head.weight;
+}
+
+// The real tokens of a padded batch as one packed row [1, N]: every sample (a padded row, or a packed sample of one)
+// becomes a segment of its own and keeps its positions, so attention and loss are the padded batch's while the
+// projections, norms and MLP do no work on padding (attention skips other segments' keys).
+Batch one_packed_row(const Batch& b) {
+  const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
+  const at::Tensor where = b.key_valid.reshape({-1}).nonzero().squeeze(1);  // [N]
+  const auto gather = [&](const at::Tensor& t) {  // [B, T] -> [1, N]
+    return t.contiguous().view({-1}).index_select(0, where.to(t.device())).unsqueeze(0);
+  };
+  const auto longs = b.input_ids.options().dtype(at::kLong);
+  const at::Tensor rows = at::arange(B, longs).unsqueeze(1).expand({B, T});
+  Batch out;
+  out.input_ids = gather(b.input_ids);
+  out.labels = gather(b.labels);
+  out.position_ids = gather(b.position_ids.defined() ? b.position_ids : at::arange(T, longs).unsqueeze(0).expand({B, T}));
+  out.segment_ids = gather(b.segment_ids.defined() ? rows * (b.segment_ids.max() + 1) + b.segment_ids : rows);
+  out.label_tokens = b.label_tokens;
+  out.real_tokens = b.real_tokens;
+  return out;
+}
+}  // namespace
+
 int64_t Trainer::warmup_steps(int64_t total_steps) const {
   if (config_.warmup_steps > 0) return config_.warmup_steps;
   return static_cast<int64_t>(std::ceil(config_.warmup_ratio * static_cast<double>(total_steps)));
@@ -223,6 +258,12 @@ double Trainer::time_forward_backward(const Batch& batch) {
 
 at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::ChunkKV* chunk, bool need_loss,
                                  const at::Tensor& image_features) {
+  // Padding costs nothing: a padded text batch runs as one packed row of its real tokens (not with ChunkFlow's or
+  // context parallelism's K/V, whose rows must stay as they are, nor with images, placed by row).
+  if (chunk == nullptr && batch.key_valid.defined() && !batch.pixel_values.defined() && !image_features.defined() &&
+      !batch.key_valid.all().item<bool>()) {
+    return forward_loss(one_packed_row(batch), correct, chunk, need_loss, image_features);
+  }
   const at::Device device = model_->device();
   ForwardOptions options;
   options.chunk = chunk;
@@ -246,9 +287,14 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   if (!need_loss) return {};
   const at::Tensor where = (labels != kIgnoreIndex).nonzero().squeeze(1);
   const at::Tensor targets = labels.index_select(0, where);                                   // [N]
-  const at::Tensor logits = model_->logits(hidden.reshape({-1, hidden.size(-1)}).index_select(0, where));  // [N, V]
-  const at::Tensor log_probs = at::log_softmax(logits, -1, at::kFloat);
-  at::Tensor loss = at::nll_loss(log_probs, targets, {}, at::Reduction::Sum);
+  const at::Tensor rows = hidden.reshape({-1, hidden.size(-1)}).index_select(0, where);      // [N, D]
+  at::Tensor logits, loss;  // logits [N, V] only where the head is not a plain product
+  if (const at::Tensor head = plain_head_weight(model_); head.defined()) {
+    loss = nn::linear_cross_entropy(rows, head, targets, correct);  // never holds [N, V]
+  } else {
+    logits = model_->logits(rows);
+    loss = at::nll_loss(at::log_softmax(logits, -1, at::kFloat), targets, {}, at::Reduction::Sum);
+  }
   if (balance && !router_logits.empty()) {
     // Over this forward's real tokens (the key mask's last T columns); weighted by the label tokens, so that
     // dividing by the step's label tokens gives CE + coef * aux for one micro-batch and a token-weighted mean of the
@@ -262,7 +308,7 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
     aux_sum_ = aux_sum_.defined() ? aux_sum_ + aux.detach() * weight : aux.detach() * weight;
     loss = loss + aux * (moe.router_aux_loss_coef * weight);
   }
-  if (correct != nullptr) {
+  if (correct != nullptr && logits.defined()) {
     at::NoGradGuard no_grad;
     const at::Tensor hits = logits.argmax(-1).eq(targets).sum();
     *correct = correct->defined() ? *correct + hits : hits;

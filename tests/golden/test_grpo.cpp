@@ -42,7 +42,10 @@ constexpr Tol kTokenTol{1e-5, 2e-5};       // per-token log-probs, k3, entropy
 constexpr Tol kLossTol{1e-5, 1e-6};        // losses (the grpo loss with beta 0 is ~1e-8: absolute floor)
 constexpr Tol kMetricTol{1e-5, 1e-6};
 constexpr Tol kGradTol{1e-5, 0};
-constexpr Tol kAfterStepTol{1e-4, 1e-6};   // iteration 2: after one AdamW step at lr 1e-2
+// Iteration 2, after one AdamW step at lr 1e-2: AdamW's m / sqrt(v) turns float32 rounding in a small gradient element
+// into up to lr of weight change, so the BLAS kernel shows here: grad norms land up to 1.0e-4 (relative) from TRL's with
+// OpenBLAS's sgemm and up to 1.45e-4 with oneDNN's (whose products are as close to float64 as OpenBLAS's).
+constexpr Tol kAfterStepTol{2.5e-4, 1e-6};
 constexpr Tol kAfterStepLogpsTol{1e-3, 2e-4};
 
 fs::path rlhf_dir() { return assets() / "reference" / "rlhf"; }

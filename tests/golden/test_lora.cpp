@@ -19,8 +19,10 @@ using test::stories_dir;
 
 // Logits: float32 forward passes that differ from the reference only in summation order (|logits| up to ~18).
 constexpr double kLogitTol = 1e-4;
-// Adapter tensors after training: norm-wise relative error per tensor (see adapter_rel_error).
-constexpr double kAdapterRelTol = 1e-5;
+// Adapter tensors after training: norm-wise relative error per tensor (see adapter_rel_error). Three AdamW steps
+// amplify float32 rounding on small gradient elements: the same steps measure 7.3e-6 with OpenBLAS's sgemm and
+// 1.1e-5 with oneDNN's (both kernels' products are equally close to float64), so the bound sits above both.
+constexpr double kAdapterRelTol = 2e-5;
 // Losses: absolute.
 constexpr double kLossTol = 1e-4;
 

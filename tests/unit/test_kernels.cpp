@@ -2,10 +2,15 @@
 // at shapes that do not divide the vector width or the 32-column block; the integer layouts they read (GPTQ and GGUF
 // converted without rounding); and the models that use them giving the logits of the float paths.
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+
+#include <array>
 
 #include "io/gguf.h"
 #include "models/decoder/decoder.h"
+#include "nn/attention.h"
+#include "nn/gemm.h"
 #include "nn/kernels.h"
 #include "nn/layers.h"
 #include "quant/gguf_model.h"
@@ -190,6 +195,168 @@ TEST(Kernels, GgufBlocksRunPackedWithTheDecodedFilesLogits) {
         EXPECT_LT(rel_err(packed->forward(next, fb), decoded->forward(next, fa)), tolerance)
             << kernels::isa_name(isa) << " step " << step;
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Training products (nn/gemm.h) and the attention kernel that skips masked keys, forward and backward, against
+// plain LibTorch in float64.
+
+// max |a - b| / max |b|
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor bd = b.to(at::kDouble);
+  return (a.to(at::kDouble) - bd).abs().max().item<double>() / std::max(1e-30, bd.abs().max().item<double>());
+}
+
+// A float64 leaf copy of t that records gradients (the reference side of a comparison).
+at::Tensor leaf64(const at::Tensor& t) { return t.detach().to(at::kDouble).clone().requires_grad_(true); }
+
+struct FastGemmScope {
+  ~FastGemmScope() { kernels::set_fast_gemm(true); }
+};
+
+TEST(TrainKernels, GemmMatchesLibTorchForEveryOperandLayout) {
+  FastGemmScope restore;
+  at::manual_seed(0);
+  for (const auto& [M, K, N] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 5, 3}, {33, 31, 65}, {130, 100, 257}}) {
+    const at::Tensor a = at::randn({M, K}), b = at::randn({K, N});
+    const at::Tensor at_ = at::randn({K, M}).t(), bt = at::randn({N, K}).t();            // column-major views
+    const at::Tensor wide = at::randn({M, K + 9}).narrow(1, 3, K);                        // row stride > K
+    const std::vector<std::pair<at::Tensor, at::Tensor>> cases = {{a, b}, {at_, b}, {a, bt}, {at_, bt}, {wide, b}};
+    for (const bool fast : {true, false}) {
+      kernels::set_fast_gemm(fast);
+      for (const auto& [x, y] : cases) {
+        const at::Tensor want = at::mm(x.to(at::kDouble), y.to(at::kDouble));
+        EXPECT_LT(max_rel(nn::mm(x, y), want), 1e-5) << M << "x" << K << "x" << N << " fast " << fast;
+        at::Tensor c = at::randn({M, N});
+        const at::Tensor before = c.to(at::kDouble);
+        nn::mm_into(x, y, c, 1.0f);
+        EXPECT_LT(max_rel(c, want + before), 1e-5) << M << "x" << K << "x" << N << " fast " << fast;
+      }
+    }
+  }
+  // float64 and non-CPU-float operands take at::mm.
+  const at::Tensor d = at::randn({4, 6}, at::kDouble), e = at::randn({6, 3}, at::kDouble);
+  EXPECT_TRUE(at::equal(nn::mm(d, e), at::mm(d, e)));
+}
+
+TEST(TrainKernels, LinearForwardAndBackwardMatchLibTorch) {
+  FastGemmScope restore;
+  at::manual_seed(1);
+  for (const auto& [rows, in, out] : std::vector<std::array<int64_t, 3>>{{3, 5, 7}, {37, 64, 33}, {100, 130, 96}}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      for (const bool bias : {false, true}) {
+        const at::Tensor x0 = at::randn({2, rows, in}, dtype), w0 = at::randn({out, in}, dtype) * 0.1;
+        const at::Tensor b0 = at::randn({out}, dtype), r = at::randn({2, rows, out}, at::kDouble);
+        at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+        at::Tensor b = bias ? b0.clone().requires_grad_(true) : at::Tensor();
+        const at::Tensor y = nn::linear(x, w, b);
+        (y.to(at::kDouble) * r).sum().backward();
+        at::Tensor xr = leaf64(x0), wr = leaf64(w0);
+        at::Tensor br = bias ? leaf64(b0) : at::Tensor();
+        const at::Tensor yr = at::linear(xr, wr, br);
+        (yr * r).sum().backward();
+        const double tol = dtype == at::kFloat ? 1e-5 : 1e-12;
+        const std::string where = std::to_string(rows) + "x" + std::to_string(in) + "x" + std::to_string(out);
+        EXPECT_EQ(y.scalar_type(), dtype);
+        EXPECT_LT(max_rel(y, yr), tol) << where;
+        EXPECT_LT(max_rel(x.grad(), xr.grad()), tol) << where;
+        EXPECT_LT(max_rel(w.grad(), wr.grad()), tol) << where;
+        if (bias) {
+          EXPECT_LT(max_rel(b.grad(), br.grad()), tol) << where;
+        }
+      }
+    }
+  }
+  // Frozen weight (LoRA's base): only dx is formed; no autograd at all: a plain product.
+  const at::Tensor w = at::randn({8, 16});
+  at::Tensor x = at::randn({20, 16}).requires_grad_(true);
+  nn::linear(x, w).sum().backward();
+  EXPECT_LT(max_rel(x.grad(), w.sum(0).expand({20, 16})), 1e-5);
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(nn::linear(x, w).requires_grad());
+}
+
+TEST(TrainKernels, ChunkedHeadLossMatchesCrossEntropyInFloat32AndBf16Autocast) {
+  at::manual_seed(2);
+  const int64_t N = 45, D = 24, V = 97;
+  const at::Tensor h0 = at::randn({N, D}), w0 = at::randn({V, D}) * 0.3;
+  const at::Tensor targets = at::randint(V, {N}, at::kLong);
+  for (const bool bf16 : {false, true}) {
+    // Chunks of 10 rows (the last one 5), and everything at once.
+    for (const int64_t chunk : {int64_t{10} * V, int64_t{1} << 22}) {
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor hr = h0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+      at::Tensor correct, loss, ref, logits;
+      {
+        at::autocast::set_cpu_enabled(bf16);
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        loss = nn::linear_cross_entropy(h, w, targets, &correct, chunk);
+        logits = at::linear(hr, wr);  // autocast: bf16 operands and result, as the fused loss multiplies
+        ref = at::nll_loss(at::log_softmax(logits, -1, at::kFloat), targets, {}, at::Reduction::Sum);
+        at::autocast::set_cpu_enabled(false);
+        at::autocast::clear_cache();
+      }
+      (loss * 0.5).backward();
+      (ref * 0.5).backward();
+      const double tol = bf16 ? 1e-2 : 1e-5;
+      const std::string where = std::string(bf16 ? "bf16" : "float32") + " chunk " + std::to_string(chunk);
+      EXPECT_EQ(loss.scalar_type(), at::kFloat);
+      EXPECT_LT(std::abs(loss.item<double>() - ref.item<double>()) / ref.item<double>(), bf16 ? 1e-3 : 1e-6) << where;
+      EXPECT_LT(max_rel(h.grad(), hr.grad()), tol) << where;
+      EXPECT_LT(max_rel(w.grad(), wr.grad()), tol) << where;
+      EXPECT_EQ(correct.item<int64_t>(), logits.argmax(-1).eq(targets).sum().item<int64_t>()) << where;
+    }
+  }
+  // No rows: a zero loss that backward accepts (a ChunkFlow chunk without labels).
+  at::Tensor none = at::zeros({0, D}).requires_grad_(true);
+  const at::Tensor zero = nn::linear_cross_entropy(none, w0, at::zeros({0}, at::kLong));
+  EXPECT_EQ(zero.item<double>(), 0.0);
+  zero.backward();
+  // Frozen head (LoRA): gradients for the hidden rows only; no autograd: the value alone.
+  at::Tensor h = h0.clone().requires_grad_(true);
+  nn::linear_cross_entropy(h, w0, targets, nullptr, 7 * V).backward();
+  EXPECT_TRUE(h.grad().defined());
+  at::NoGradGuard no_grad;
+  const double plain = nn::linear_cross_entropy(h0, w0, targets).item<double>();
+  EXPECT_NEAR(plain, at::cross_entropy_loss(at::linear(h0, w0), targets, {}, at::Reduction::Sum).item<double>(),
+              1e-5 * plain);
+}
+
+TEST(TrainKernels, AttentionSkippingMaskedKeysMatchesTheMathPathForwardAndBackward) {
+  at::manual_seed(3);
+  // Three rows of 300 queries (three 128-row blocks, the last one short): right padding, packed samples and a
+  // plain causal row; GQA with two query heads a K/V head.
+  const int64_t B = 3, H = 4, Hkv = 2, T = 300, Dh = 16;
+  at::Tensor valid = at::ones({B, T}, at::kBool);
+  valid[0].narrow(0, 250, 50).fill_(false);
+  at::Tensor segments = at::zeros({B, T}, at::kLong);
+  segments[1].narrow(0, 90, 110).fill_(1);
+  segments[1].narrow(0, 200, 100).fill_(2);
+  const at::Tensor mask = nn::build_attention_mask(B, 0, T, valid, 0, at::kCPU, segments);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor q0 = at::randn({B, H, T, Dh}, dtype), k0 = at::randn({B, Hkv, T, Dh}, dtype);
+    const at::Tensor v0 = at::randn({B, Hkv, T, Dh}, dtype), g = at::randn({B, H, T, Dh}, dtype);
+    for (const double softcap : {0.0, 5.0}) {
+      nn::ScoreOptions score;
+      score.softcap = softcap;
+      at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+      at::Tensor v = v0.clone().requires_grad_(true);
+      const at::Tensor out = nn::attention_blocks(q, {k}, {v}, mask, int64_t{1} << 23, score);
+      (out * g).sum().backward();
+      at::Tensor qr = leaf64(q0), kr = leaf64(k0);
+      at::Tensor vr = leaf64(v0);
+      nn::set_recompute_attention(false);
+      const at::Tensor ref = nn::attention(qr, kr, vr, mask, score);
+      nn::set_recompute_attention(true);
+      (ref * g.to(at::kDouble)).sum().backward();
+      const double tol = dtype == at::kFloat ? 1e-5 : 1e-12;
+      const std::string where = std::string(at::toString(dtype)) + " softcap " + std::to_string(softcap);
+      EXPECT_LT(max_rel(out, ref), tol) << where;
+      EXPECT_LT(max_rel(q.grad(), qr.grad()), tol) << where;
+      EXPECT_LT(max_rel(k.grad(), kr.grad()), tol) << where;
+      EXPECT_LT(max_rel(v.grad(), vr.grad()), tol) << where;
     }
   }
 }

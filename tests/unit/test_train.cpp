@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "io/safetensors.h"
+#include "nn/attention.h"
+#include "nn/kernels.h"
 #include "peft/lora.h"
 #include "tests/test_util.h"
 #include "train/config.h"
@@ -187,6 +190,49 @@ TEST(Trainer, GradientCheckpointingGivesTheSameLossAndGradients) {
     EXPECT_TRUE(at::allclose(ga[i], gb[i], 1e-5, 1e-5 * ga[i].abs().max().item<double>())) << i << ": max diff " << (ga[i] - gb[i]).abs().max().item<double>()
                                                        << " of " << ga[i].abs().max().item<double>();
   }
+}
+
+TEST(Trainer, PaddedBatchTrainsAsOnePackedRowWithThePaddedLossAndGradients) {
+  // The trainer runs a padded batch as one packed row of its real tokens, through the fast GEMM, the chunked head
+  // loss and the attention that skips masked keys; the reference is the padded batch through plain LibTorch
+  // (at::mm, the math attention, logits over every position).
+  const Batch batch = toy_batch();
+  ASSERT_FALSE(batch.key_valid.all().item<bool>());
+  TrainConfig c = toy_config("full");
+  c.max_grad_norm = 0;
+  Trainer trainer(c, load_causal_lm(stories_dir()));
+  const StepResult r = trainer.step({batch}, 0, 1);
+
+  kernels::set_fast_gemm(false);
+  nn::set_recompute_attention(false);
+  CausalLM model = load_causal_lm(stories_dir());
+  model->train();
+  for (auto& p : model->parameters()) p.requires_grad_(true);
+  ForwardOptions o;
+  o.key_valid = batch.key_valid;
+  if (batch.position_ids.defined()) o.position_ids = batch.position_ids;
+  const at::Tensor logits = model->forward(batch.input_ids, o);  // [B, T, V]
+  const at::Tensor loss =
+      at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), batch.labels.reshape({-1}), {},
+                             at::Reduction::Sum, kIgnoreIndex) /
+      static_cast<double>(batch.label_tokens);
+  loss.backward();
+  kernels::set_fast_gemm(true);
+  nn::set_recompute_attention(true);
+
+  EXPECT_NEAR(r.loss, loss.item<double>(), 1e-5 * loss.item<double>());
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : model->named_parameters(true)) want[item.key()] = item.value().grad();
+  int compared = 0;
+  for (const auto& p : trainer.trainables()) {
+    const auto it = want.find(p.name);
+    if (it == want.end() || !it->second.defined()) continue;
+    const at::Tensor got = p.tensor.grad(), ref = it->second;
+    const double scale = ref.abs().max().item<double>();
+    EXPECT_LT((got - ref).abs().max().item<double>(), 1e-4 * scale + 1e-9) << p.name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
 }
 
 TEST(Trainer, Bf16AutocastTrainsCloseToFloat32) {
