@@ -52,8 +52,10 @@ THE MEASUREMENT CONTRACT (swiftcpp_bench_train must follow it exactly, so the tw
   step_ms_median: median of the individual timed step times of all runs, in milliseconds.
   losses: the loss of every step of the FIRST run, warm-up steps included (warmup + steps values).
   peak_rss_mb: getrusage(RUSAGE_SELF).ru_maxrss / 1024 at the end of the program.
-  matmul_gflops: float32 matmul ceiling measured by this process at --threads before the runs: after 2 untimed
-    calls, the best of 5 timings of torch.mm on 1024x1024 @ 1024x1024 float32, 2 * 1024^3 / seconds / 1e9.
+  matmul_gflops: the GEMM ceiling of the step's dtype measured by this process at --threads before the runs: after 2
+    untimed calls, the best of 5 timings of 1024x1024 @ 1024x1024 with the product the step's matmuls use (here
+    torch.mm, in float32 or, for bf16, on bfloat16 operands), 2 * 1024^3 / seconds / 1e9. swiftcpp times its own
+    float32 product (oneDNN's sgemm where built).
   achieved_gflops: estimated training FLOPs of the timed steps / their seconds / 1e9, where for each
     step with N_tok = its key_valid tokens (padding tokens do no useful work and are not counted):
       N_mm   = parameters of all projection matrices in the layers + lm_head (embedding and norms excluded:
@@ -355,10 +357,10 @@ def one_run(args, cfg, batches, n_steps):
     return losses, secs, toks, model
 
 
-def matmul_ceiling(n=1024, reps=5):
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
-    c = torch.empty(n, n)
+def matmul_ceiling(dtype, n=1024, reps=5):
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    c = torch.empty(n, n, dtype=dtype)
     for _ in range(2):
         torch.mm(a, b, out=c)
     best = float("inf")
@@ -379,7 +381,7 @@ def main(args):
         cfg = json.load(fh)
     batches = load_batches(args.batches)
     lora_info = load_adapter(args.adapter)[1] if args.mode == "lora" else None
-    gflops_ceiling = matmul_ceiling()
+    gflops_ceiling = matmul_ceiling(torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     n_steps = args.warmup + args.steps
 
     run_tps, run_gflops, all_ms, first_losses, model = [], [], [], None, None

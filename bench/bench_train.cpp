@@ -18,6 +18,8 @@
 #include "core/json.h"
 #include "core/runtime.h"
 #include "data/collate.h"
+#include "nn/gemm.h"
+#include "nn/kernels.h"
 #include "peft/lora.h"
 #include "quant/gptq.h"
 #include "train/trainer.h"
@@ -45,6 +47,7 @@ struct Options {
   std::string write_init_adapter;
   bool gradient_checkpointing = false;
   bool keep_attention_probs = false;
+  std::string gemm = "auto";  // float32 products: auto (oneDNN where built), libtorch (at::mm, OpenBLAS)
   std::string profile;  // chrome trace of the first run's timed steps (LibTorch's legacy profiler)
   int64_t quant_bits = 0;  // QLoRA: the base's decoder linear layers packed (asymmetric RTN) before training
   int64_t quant_group_size = 64;
@@ -149,13 +152,17 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double matmul_ceiling_gflops() {
-  const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
-  for (int i = 0; i < 2; ++i) at::mm(a, b);
+// The GEMM ceiling of the step's dtype with the product the step uses: nn::mm in float32 (oneDNN's sgemm where
+// built), LibTorch's bfloat16 at::mm (oneDNN) for bf16 autocast.
+double matmul_ceiling_gflops(bool bf16) {
+  const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  const at::Tensor a = at::randn({1024, 1024}).to(dtype), b = at::randn({1024, 1024}).to(dtype);
+  const auto product = [&] { return bf16 ? at::mm(a, b) : nn::mm(a, b); };
+  for (int i = 0; i < 2; ++i) product();
   double best = 1e9;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    at::mm(a, b);
+    product();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * 1024 * 1024 * 1024 / best / 1e9;
@@ -186,6 +193,8 @@ int main(int argc, char** argv) {
   app.add_option("--quant-bits", o.quant_bits, "QLoRA: pack the base to 4 or 8 bits (0: float base)")
       ->check(CLI::IsMember({0, 4, 8}));
   app.add_option("--quant-group-size", o.quant_group_size);
+  app.add_option("--gemm", o.gemm, "float32 products: auto (oneDNN's sgemm where built) or libtorch (at::mm)")
+      ->check(CLI::IsMember({"auto", "libtorch"}));
   app.add_option("--profile", o.profile,
                  "write a chrome://tracing file of the first run's timed steps (operator times; see bench/profile_ops.py)");
   app.add_flag("--keep-attention-probs", o.keep_attention_probs,
@@ -195,7 +204,8 @@ int main(int argc, char** argv) {
     configure_threads(o.threads);
     configure_allocator();
     if (o.keep_attention_probs) nn::set_recompute_attention(false);
-    const double ceiling = matmul_ceiling_gflops();
+    if (o.gemm == "libtorch") kernels::set_fast_gemm(false);
+    const double ceiling = matmul_ceiling_gflops(o.dtype == "bf16");
     CausalLM probe = load_causal_lm(o.model);
     const DecoderConfig mc = probe->config();  // a copy: the probe is released below
     const auto batches = make_batches(o, mc.vocab_size);
@@ -312,6 +322,7 @@ int main(int argc, char** argv) {
                 {"lr", o.lr},
                 {"gradient_checkpointing", o.gradient_checkpointing},
                 {"attention_probs", o.keep_attention_probs ? "kept" : "recomputed"},
+                {"gemm", kernels::has_fast_gemm() ? "onednn" : "libtorch"},
                 {"lora", o.mode == "lora" ? Json{{"r", lora.r}, {"lora_alpha", lora.lora_alpha}, {"use_rslora", false},
                                                  {"scale", lora.scale()}, {"target_modules", lora.target_modules}}
                                           : Json(nullptr)}};

@@ -80,6 +80,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--command", default="bash bench/run_train.sh")
     ap.add_argument("--case", nargs=3, action="append", required=True, metavar=("NAME", "SWIFTCPP", "BASELINE"))
+    ap.add_argument("--openblas", nargs=2, action="append", default=[], metavar=("NAME", "SWIFTCPP"),
+                    help="swiftcpp's result for case NAME with its float32 products on LibTorch's at::mm (OpenBLAS)")
     args = ap.parse_args()
 
     cases = []
@@ -108,6 +110,9 @@ def main():
         out.append("- LoRA: r %s, alpha %s%s, on %s" % (lora.get("r"), lora.get("lora_alpha"),
                                                     ", rsLoRA" if lora.get("use_rslora") else "",
                                                     ", ".join(lora.get("target_modules") or []) or "?"))
+    gemms = sorted({c["s"].get("gemm") for c in cases if c["s"].get("gemm")})
+    out.append("- swiftcpp float32 products: %s (oneDNN's sgemm; bf16 autocast products go through LibTorch's oneDNN "
+               "matmul in both programs; PyTorch's float32 ones through OpenBLAS)" % (", ".join(gemms) or "n/a"))
     out.append("- PyTorch: %s (eager, torch.optim.AdamW, torch.autocast for bf16)" % (", ".join(torch_versions) or "n/a"))
     for label, key in (("swiftcpp", "s"), ("PyTorch", "b")):
         libs = sorted({lib for c in cases if c[key] for lib in flat_strings(c[key].get("blas"))})
@@ -129,7 +134,9 @@ def main():
                     warnings.append("WARNING: %s: %s reports %s %s" % (c["name"], label, key, r.get(key)))
         base_rate = fmt_stats(b)
         if b:
-            for key in ("threads", "batch", "seq"):
+            # Not "seq": the baseline reports the longest row of the batches it read (the same file), swiftcpp the
+            # row capacity it packed to.
+            for key in ("threads", "batch"):
                 if s.get(key) is not None and b.get(key) is not None and s.get(key) != b.get(key):
                     warnings.append("WARNING: %s: %s differs (swiftcpp %s, PyTorch %s)"
                                     % (c["name"], key, s.get(key), b.get(key)))
@@ -158,6 +165,26 @@ def main():
             fmt_num(s.get("peak_rss_mb")), fmt_num((b or {}).get("peak_rss_mb")),
             fmt_flops(s), fmt_flops(b), loss))
 
+    # The same swiftcpp steps with their float32 products on OpenBLAS (the kernel PyTorch's float32 products use).
+    openblas = {name: load_result(path) for name, path in args.openblas}
+    if openblas:
+        out.append("")
+        out.append("swiftcpp with its float32 products through LibTorch's at::mm (OpenBLAS, as PyTorch) instead of "
+                   "oneDNN's sgemm, same batches, same run:")
+        out.append("")
+        out.append("| case | swiftcpp (OpenBLAS products) tok/s | / PyTorch | oneDNN / OpenBLAS products | "
+                   "GFLOP/s (of ceiling) | max rel loss diff vs PyTorch |")
+        out.append("|---|---|---|---|---|---|")
+        for c in cases:
+            o = openblas.get(c["name"])
+            if not o:
+                continue
+            d, n, why = loss_diff(o, c["b"]) if c["b"] else (None, 0, "no baseline")
+            out.append("| %s | %s | %s | %s | %s | %s |" % (
+                c["name"], fmt_stats(o), ratio(o.get("tokens_per_s"), (c["b"] or {}).get("tokens_per_s")),
+                ratio(c["s"].get("tokens_per_s"), o.get("tokens_per_s")), fmt_flops(o),
+                "n/a (%s)" % why if d is None else "%.2g (%d)" % (d, n)))
+
     # bf16 / float32 speed ratios, per implementation.
     by = {(c["mode"], c["batching"], c["dtype"]): c for c in cases}
     pairs = [(m, bt) for (m, bt, dt) in by if dt == "float32" and (m, bt, "bf16") in by]
@@ -173,8 +200,9 @@ def main():
 
     out.append("")
     out.append("Speed ratios > 1 mean swiftcpp is faster. GFLOP/s is the estimated training work of the timed steps "
-               "(formula in bench/baseline_train.py) per second, against the float32 matmul ceiling each program "
-               "measured in the same run. The loss check is max over steps of |swiftcpp - PyTorch| / |PyTorch|, "
+               "(formula in bench/baseline_train.py) per second, against the GEMM ceiling of the row's dtype that each "
+               "program measured in the same run with the product its step uses (1024^3; swiftcpp float32: oneDNN's "
+               "sgemm, PyTorch float32: OpenBLAS; bf16: LibTorch's oneDNN bf16 matmul in both). The loss check is max over steps of |swiftcpp - PyTorch| / |PyTorch|, "
                "warm-up steps included; tolerance %g (float32), %g (bf16)." % (LOSS_TOL["float32"], LOSS_TOL["bf16"]))
     for n in sorted(notes):
         out.append("")

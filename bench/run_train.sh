@@ -24,6 +24,9 @@
 #       same protocol as float32 (hours), "skip" runs no bf16 baseline.
 #   On the 2-core dev machine the baseline alone takes roughly 25 min for the four float32 cases (3 runs) and
 #   40 min for the four bf16 cases (short); use CASES and BF16_BASELINE=skip for a quicker pass.
+#   GEMM [both]  swiftcpp's float32 products: auto (oneDNN's sgemm where the build has it), libtorch (at::mm, the
+#       OpenBLAS sgemm PyTorch uses), or both: each case runs swiftcpp a second time with libtorch's products and the
+#       report adds its ratio, which isolates what the kernel choice is worth from the rest
 #   PYTHON [/usr/bin/python3]  (Debian's interpreter, which has python3-torch)
 set -euo pipefail
 
@@ -42,6 +45,11 @@ ALL_CASES="lora-padding-float32 lora-padding-bf16 lora-packing-float32 lora-pack
 ALL_CASES+=" full-padding-float32 full-padding-bf16 full-packing-float32 full-packing-bf16"
 CASES=${CASES:-$ALL_CASES}
 BF16_BASELINE=${BF16_BASELINE:-short}
+GEMM=${GEMM:-both}
+case $GEMM in
+    auto | libtorch | both) ;;
+    *) echo "error: GEMM must be auto, libtorch or both (got '$GEMM')" >&2; exit 1 ;;
+esac
 PYTHON=${PYTHON:-/usr/bin/python3}
 BENCH_MODEL=bench/models/bench25m
 
@@ -102,7 +110,8 @@ for c in $CASES; do
         proto=(--warmup 1 --steps 1 --runs 1)  # both programs: LibTorch's bf16 matmul is the same slow kernel
     fi
     cmd=("$BENCH_BIN" --model "$MODEL" --mode "$mode" --dtype "$dtype" --batching "$batching" --batch "$BATCH"
-         --seq "$SEQ" "${proto[@]}" --threads "$THREADS" --data-seed "$DATA_SEED" --write-batches "$batches")
+         --seq "$SEQ" "${proto[@]}" --threads "$THREADS" --data-seed "$DATA_SEED" --write-batches "$batches"
+         --gemm "$([[ $GEMM == libtorch ]] && echo libtorch || echo auto)")
     if [[ $mode == lora ]]; then
         cmd+=(--write-init-adapter "$adapter")
     fi
@@ -115,6 +124,22 @@ for c in $CASES; do
     if [[ $mode == lora && ! -f $adapter/adapter_model.safetensors ]]; then
         echo "error: swiftcpp_bench_train did not write the LoRA init adapter $adapter/" >&2
         exit 1
+    fi
+
+    if [[ $GEMM == both ]]; then
+        # The same command with --gemm libtorch, writing its batches and adapter aside (identical: same seeds).
+        ob=("${cmd[@]}")
+        for ((i = 0; i + 1 < ${#ob[@]}; i++)); do
+            case ${ob[i]} in
+                --gemm) ob[i + 1]=libtorch ;;
+                --write-batches) ob[i + 1]=$OUT/$c.openblas.batches.jsonl ;;
+                --write-init-adapter) ob[i + 1]=$OUT/$c.openblas.adapter ;;
+            esac
+        done
+        echo "[$c] swiftcpp, OpenBLAS products: ${ob[*]}" >&2
+        "${ob[@]}" >"$OUT/$c.swiftcpp-openblas.json" 2>"$OUT/$c.swiftcpp-openblas.log" ||
+            fail "swiftcpp_bench_train --gemm libtorch ($c)" "$OUT/$c.swiftcpp-openblas.log"
+        REPORT_ARGS+=(--openblas "$c" "$OUT/$c.swiftcpp-openblas.json")
     fi
 
     base=$OUT/$c.pytorch-eager.json
@@ -134,7 +159,7 @@ done
 
 # Spell out every setting so the line reproduces the run.
 CMD="BUILD_DIR=$BUILD_DIR RUNS=$RUNS THREADS=$THREADS WARMUP=$WARMUP STEPS=$STEPS BATCH=$BATCH SEQ=$SEQ"
-CMD+=" DATA_SEED=$DATA_SEED MODEL=$MODEL BF16_BASELINE=$BF16_BASELINE"
+CMD+=" DATA_SEED=$DATA_SEED MODEL=$MODEL BF16_BASELINE=$BF16_BASELINE GEMM=$GEMM"
 if [[ $CASES != "$ALL_CASES" ]]; then
     CMD+=" CASES='$CASES'"
 fi
