@@ -55,6 +55,10 @@ CommandRun add_rlhf_command(CLI::App& root, const GlobalOptions& globals, const 
 CommandRun add_export_command(CLI::App& root, const GlobalOptions& globals);
 CommandRun add_quantize_command(CLI::App& root, const GlobalOptions& globals);
 
+/// `swiftcpp bench`: each training technique for a few steps on a recipe, each in its own process; `argv` is recorded
+/// in bench.json.
+CommandRun add_bench_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);
+
 /// `swiftcpp eval`: benchmarks scored as lm-evaluation-harness scores them; `argv` is recorded in results.json.
 CommandRun add_eval_command(CLI::App& root, const GlobalOptions& globals, const std::vector<std::string>& argv);
 

@@ -1,7 +1,6 @@
 // `swiftcpp eval`: standard benchmarks (MMLU, ARC, HellaSwag, GSM8K, perplexity, custom YAML tasks, with images on
 // a vision-language model) scored the way lm-evaluation-harness scores them, on a model with an optional adapter.
 #include <chrono>
-#include <ctime>
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
@@ -11,6 +10,8 @@
 #include "core/json.h"
 #include "core/memory.h"
 #include "core/progress.h"
+#include "core/runtime.h"
+#include "core/text.h"
 #include "data/encode.h"
 #include "eval/evaluator.h"
 #include "models/decoder/decoder.h"
@@ -45,29 +46,6 @@ struct EvalCliOptions {
   std::string dtype = "float32";
 };
 
-std::vector<std::string> split_tasks(const std::string& list) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    std::string t = list.substr(start, comma - start);
-    t.erase(0, t.find_first_not_of(' '));
-    t.erase(t.find_last_not_of(' ') + 1);
-    if (!t.empty()) out.push_back(t);
-    start = comma + 1;
-  }
-  return out;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buffer[32];
-  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buffer;
-}
-
 std::string safe_name(std::string s) {
   for (char& c : s) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
@@ -77,7 +55,7 @@ std::string safe_name(std::string s) {
 
 int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::string> specs = split_tasks(o.tasks);
+  const std::vector<std::string> specs = split_list(o.tasks);
   if (specs.empty()) fail<ConfigError>("--tasks is empty; built-in tasks: {}", fmt::join(eval::builtin_task_names(), ", "));
   if (o.log_samples && o.output_dir.empty()) fail<ConfigError>("--log-samples needs --output-dir DIR");
   // Outputs are checked before any work: they may only replace a regular file (never a device or FIFO), and the
@@ -222,9 +200,9 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                 {"model", o.model},
                 {"adapter", o.adapters.empty() ? Json(nullptr) : Json(o.adapters)},
                 {"seed", o.seed},
-                {"date", utc_now()},
+                {"date", utc_now_iso8601()},
                 {"elapsed_s", elapsed},
-                {"swiftcpp_version", "0.1.0"},
+                {"swiftcpp_version", kVersion},
                 {"command_line", argv}};
     write_file_atomic(dir / "results.json", out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
     if (o.log_samples) {

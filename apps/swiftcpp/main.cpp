@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   using namespace swiftcpp;
   CLI::App root{"swiftcpp: fine-tune, evaluate, quantize and serve LLMs from Hugging Face checkpoints"};
   root.require_subcommand(1);
-  root.set_version_flag("--version", "swiftcpp 0.1.0");
+  root.set_version_flag("--version", std::string("swiftcpp ") + kVersion);
   app::GlobalOptions globals;
   root.add_option("--threads", globals.threads, "CPU threads (0: every core this process may use)")
       ->check(CLI::NonNegativeNumber);
@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   commands[root.get_subcommand("quantize")] = quantize;
   app::CommandRun eval = app::add_eval_command(root, globals, std::vector<std::string>(argv, argv + argc));
   commands[root.get_subcommand("eval")] = eval;
+  app::CommandRun bench = app::add_bench_command(root, globals, std::vector<std::string>(argv, argv + argc));
+  commands[root.get_subcommand("bench")] = bench;
 
   try {
     root.parse(argc, argv);

@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <cmath>
 #include <mutex>
@@ -37,6 +38,28 @@ bool cpu_has_bf16() {
     return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
   }
   return false;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown";
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buffer;
 }
 
 void configure_allocator() {

@@ -6,6 +6,9 @@
 
 namespace swiftcpp {
 
+/// The version `swiftcpp --version` prints and reports record.
+inline constexpr const char* kVersion = "0.1.0";
+
 /// Number of CPU cores this process may run on (its affinity mask, at least 1).
 int usable_cores();
 
@@ -26,6 +29,12 @@ void configure_allocator();
 /// Whether the CPU has bfloat16 dot-product instructions (avx512_bf16 or amx_bf16 in /proc/cpuinfo). Without
 /// them LibTorch's bfloat16 matmuls run a scalar fallback (measured 30-50x slower than float32 here).
 bool cpu_has_bf16();
+
+/// The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC 7B13"), or "unknown".
+std::string cpu_model_name();
+
+/// The current UTC time as ISO 8601 to the second ("2025-01-31T12:00:00Z"), for reports.
+std::string utc_now_iso8601();
 
 /// Which BLAS library is loaded into the process: "openblas", "mkl", "blis", "reference" or "unknown".
 std::string loaded_blas();

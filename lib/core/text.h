@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,20 @@ inline std::string strip_whitespace(const std::string& s) {
   const size_t b = s.find_first_not_of(ws);
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+/// The items of a `separator`-separated list, each without surrounding whitespace; empty items are dropped
+/// ("a, ,b" -> {"a", "b"}).
+inline std::vector<std::string> split_list(const std::string& list, char separator = ',') {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(separator, start), list.size());
+    std::string item = strip_whitespace(list.substr(start, end - start));
+    if (!item.empty()) out.push_back(std::move(item));
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace swiftcpp
