@@ -97,7 +97,10 @@ TEST(TrainCli, WritesTheRunFolderAndResumesExactlyAfterSigtermAndHardKill) {
     const fs::path out = base / signal;
     const int code = run_and_signal(out, signal);
     if (signal == "TERM") {
-      EXPECT_EQ(code, 143);
+      // The child's own output, so that an unexpected exit (once seen: 134, SIGABRT) says what happened.
+      std::ifstream log(out / "log.txt");
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(code, 143) << "child output:\n" << text;
     }
     // The signal came before the end: the run stopped short of step 8.
     ASSERT_FALSE(fs::exists(only_run_dir(out) / "checkpoint-8")) << "the run finished before the signal";
