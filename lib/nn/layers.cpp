@@ -578,25 +578,24 @@ at::Tensor activate(Activation act, at::Tensor x) {
 // GEMM-backed products with their own backward, and the chunked head loss (nn/gemm.h).
 
 namespace {
-// A 2-D tensor as a row-major BLAS operand: 'N' with its row stride when its rows are contiguous, 'T' with its column
-// stride when its columns are (a transposed view); false otherwise.
-bool blas_operand(const at::Tensor& t, char& trans, int64_t& ld) {
+// The leading dimension of a 2-D tensor whose rows are contiguous (a row-major matrix), 0 when they are not.
+int64_t row_major_ld(const at::Tensor& t) {
   const int64_t r = t.size(0), c = t.size(1);
-  if (t.stride(1) == 1 || c == 1) {
-    const int64_t stride = r == 1 ? c : t.stride(0);
-    if (stride >= std::max<int64_t>(1, c)) {
-      trans = 'N';
-      ld = stride;
-      return true;
-    }
+  if (t.stride(1) != 1 && c != 1) return 0;
+  const int64_t ld = r == 1 ? c : t.stride(0);
+  return ld >= std::max<int64_t>(1, c) ? ld : 0;
+}
+
+// A 2-D tensor as a row-major BLAS operand: 'N' when its rows are contiguous, 'T' when its columns are (a transposed
+// view); false otherwise.
+bool blas_operand(const at::Tensor& t, char& trans, int64_t& ld) {
+  if ((ld = row_major_ld(t)) > 0) {
+    trans = 'N';
+    return true;
   }
-  if (t.stride(0) == 1 || r == 1) {
-    const int64_t stride = c == 1 ? r : t.stride(1);
-    if (stride >= std::max<int64_t>(1, r)) {
-      trans = 'T';
-      ld = stride;
-      return true;
-    }
+  if ((ld = row_major_ld(t.t())) > 0) {
+    trans = 'T';
+    return true;
   }
   return false;
 }
@@ -756,14 +755,12 @@ void mm_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, float beta
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const int64_t in = weight.size(1);
-  if (autocast_on(x) || x.numel() == 0 || !fast_gemm_operands(x.reshape({-1, in}), weight.t())) {
+  // Mismatched shapes go to at::linear too, which names them.
+  if (autocast_on(x) || x.numel() == 0 || weight.dim() != 2 || x.size(-1) != weight.size(1)) {
     return at::linear(x, weight, bias);
   }
-  char trans = 'N';
-  int64_t ld = 0;
-  if (!blas_operand(weight, trans, ld)) return at::linear(x, weight, bias);
-  const at::Tensor rows = x.reshape({-1, in});  // [N, in]
+  const at::Tensor rows = x.reshape({-1, weight.size(1)});  // [N, in]
+  if (!fast_gemm_operands(rows, weight)) return at::linear(x, weight, bias);
   const bool record = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   at::Tensor y = record ? GemmLinear::apply(rows, weight) : nn::mm(rows, weight.t());  // [N, out]
   auto shape = x.sizes().vec();

@@ -274,6 +274,8 @@ TEST(TrainKernels, LinearForwardAndBackwardMatchLibTorch) {
   at::Tensor x = at::randn({20, 16}).requires_grad_(true);
   nn::linear(x, w).sum().backward();
   EXPECT_LT(max_rel(x.grad(), w.sum(0).expand({20, 16})), 1e-5);
+  // A width that does not match is refused, not reshaped into other rows.
+  EXPECT_THROW(nn::linear(at::randn({4, 8}), w), c10::Error);
   at::NoGradGuard no_grad;
   EXPECT_FALSE(nn::linear(x, w).requires_grad());
 }
