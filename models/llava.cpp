@@ -46,7 +46,19 @@ class LlavaVisionEncoderImpl : public VisionEncoderImpl {
         "multi_modal_projector", LlavaProjector(s.vision.hidden_size, s.text_hidden, s.projector_act, s.projector_bias));
   }
 
-  at::Tensor encode(const at::Tensor& pixel_values) override {
+  int64_t feature_rows(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const override {
+    if (image_grid_thw.defined()) fail<ModelError>("LLaVA images take no image_grid_thw (every image is one size)");
+    const int64_t size = s_.vision.image_size;
+    if (pixel_values.dim() != 4 || pixel_values.size(1) != s_.vision.num_channels || pixel_values.size(2) != size ||
+        pixel_values.size(3) != size) {
+      fail<ModelError>("LLaVA pixel_values must be [N, {}, {}, {}], got [{}]", s_.vision.num_channels, size, size,
+                       fmt::join(pixel_values.sizes(), ", "));
+    }
+    return pixel_values.size(0) * (s_.vision.num_patches() + (s_.drop_cls ? 0 : 1));
+  }
+
+  at::Tensor encode(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) override {
+    (void)feature_rows(pixel_values, image_grid_thw);
     // A frozen tower (freeze_vit) runs without autograd: nothing of it is kept for backward.
     bool tower_trains = false;
     for (const auto& p : vision_tower->parameters()) tower_trains = tower_trains || p.requires_grad();

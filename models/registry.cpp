@@ -17,6 +17,8 @@ ArchitectureSpec phi3_spec();   // phi.cpp
 ArchitectureSpec mixtral_spec();    // moe.cpp
 ArchitectureSpec qwen2_moe_spec();  // moe.cpp
 ArchitectureSpec llava_spec();  // vision-language: CLIP + projector + a text family above
+ArchitectureSpec qwen2_vl_spec();    // qwen2_vl.cpp: dynamic-resolution ViT + merger + Qwen2 with M-RoPE
+ArchitectureSpec qwen2_5_vl_spec();  // qwen2_vl.cpp
 
 const std::vector<ArchitectureSpec>& architectures() {
   static const std::vector<ArchitectureSpec> list = {
@@ -32,6 +34,8 @@ const std::vector<ArchitectureSpec>& architectures() {
       mixtral_spec(),
       qwen2_moe_spec(),
       llava_spec(),
+      qwen2_vl_spec(),
+      qwen2_5_vl_spec(),
   };
   return list;
 }

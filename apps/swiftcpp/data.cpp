@@ -70,7 +70,7 @@ int run_inspect(const DataInspectOptions& o, int threads) {
   std::string image_fingerprint;
   if (fs::exists(model_dir / "config.json")) {
     if (const auto mm = load_decoder_config(model_dir).multimodal) {
-      enc.images = make_image_encoding(model_dir, mm->image_token_index, mm->image_seq_length);
+      enc.images = make_image_encoding(model_dir, *mm);
       image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
     }
   }

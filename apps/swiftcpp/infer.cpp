@@ -54,8 +54,8 @@ struct InferOptions {
 
 std::vector<int64_t> ids_of(const EncodedPrompt& p) { return std::vector<int64_t>(p.ids.begin(), p.ids.end()); }
 
-// The prompt's images as one [N, C, H, W] tensor (undefined for none).
-at::Tensor pixels_of(const EncodedPrompt& p) { return p.pixel_values.empty() ? at::Tensor() : at::stack(p.pixel_values); }
+// The prompt's images as one forward takes them (empty for none).
+ImageInputs pixels_of(const EncodedPrompt& p) { return p.batched_images(); }
 
 // Sampling defaults come from the checkpoint's generation_config.json (as Hugging Face generate() does);
 // command-line values win.
@@ -128,7 +128,7 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
   std::istringstream in(read_text_file(o.prompts_file));
   std::vector<Json> rows;
   std::vector<std::vector<int64_t>> prompts;
-  std::vector<at::Tensor> images;  // per prompt: [N, C, H, W] or undefined
+  std::vector<ImageInputs> images;  // per prompt (empty for none)
   std::string line;
   const fs::path base = fs::path(o.prompts_file).parent_path();
   for (size_t number = 1; std::getline(in, line); ++number) {
@@ -190,7 +190,7 @@ int run_file(Generator& gen, const GenerationConfig& config, const InferOptions&
   for (size_t start = 0; start < order.size(); start += o.batch_size) {
     const size_t end = std::min(order.size(), start + static_cast<size_t>(o.batch_size));
     std::vector<std::vector<int64_t>> batch;
-    std::vector<at::Tensor> batch_images;
+    std::vector<ImageInputs> batch_images;
     for (size_t i = start; i < end; ++i) {
       batch.push_back(prompts[order[i]]);
       batch_images.push_back(images[order[i]]);

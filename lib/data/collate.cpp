@@ -1,5 +1,7 @@
 #include "data/collate.h"
 
+#include <tuple>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -47,6 +49,26 @@ at::Tensor stack_pixel_values(const std::vector<const Sample*>& samples) {
     }
   }
   return at::stack(images).to(at::kFloat);  // [N, C, H, W]
+}
+
+ImageInputs batch_images(const std::vector<const Sample*>& samples) {
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> grids;
+  size_t images = 0, with_grid = 0;
+  for (const Sample* s : samples) {
+    images += s->pixel_values.size();
+    with_grid += s->image_grids.size();
+    if (s->image_grids.empty()) continue;
+    TORCH_CHECK(s->image_grids.size() == s->pixel_values.size(), "a sample's image grids do not match its images");
+    rows.insert(rows.end(), s->pixel_values.begin(), s->pixel_values.end());
+    for (const auto& g : s->image_grids) grids.insert(grids.end(), g.begin(), g.end());
+  }
+  if (with_grid == 0) return {stack_pixel_values(samples), at::Tensor()};
+  if (with_grid != images) {
+    fail<ConfigError>("fixed-size and variable-size images in one batch ({} of {} images have grids)", with_grid, images);
+  }
+  return {at::cat(rows, 0).to(at::kFloat),  // [sum of patches, C T P P]
+          at::tensor(grids, at::kLong).view({static_cast<int64_t>(with_grid), 3})};
 }
 
 Batch collate_padded(const std::vector<const Sample*>& samples, int32_t pad_id) {
@@ -119,7 +141,9 @@ Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_
   if (batch.real_tokens < B * T) batch.key_valid = valid;
   std::vector<const Sample*> in_order;  // rows first, then each row's samples as concatenated
   for (const auto& row : rows) in_order.insert(in_order.end(), row.begin(), row.end());
-  batch.pixel_values = stack_pixel_values(in_order);
+  ImageInputs images = batch_images(in_order);
+  batch.pixel_values = std::move(images.pixel_values);
+  batch.image_grid_thw = std::move(images.image_grid_thw);
   return batch;
 }
 

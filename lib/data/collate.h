@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -15,7 +16,11 @@ constexpr int32_t kIgnoreIndex = -100;
 struct Sample {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;  // same length as input_ids; the last is always kIgnoreIndex
-  std::vector<at::Tensor> pixel_values;  // one [C, H, W] float32 per image, in the order of the image-token runs
+  /// One per image, in the order of the image-token runs: [C, H, W] float32 (fixed-size processors) or
+  /// [patches, C T P P] float32 (Qwen2-VL).
+  std::vector<at::Tensor> pixel_values;
+  /// Variable-size images: each image's (t, h, w) in patches; empty for fixed-size processors.
+  std::vector<std::array<int64_t, 3>> image_grids;
   int64_t label_tokens() const;
 };
 
@@ -44,7 +49,9 @@ struct Batch {
   at::Tensor position_ids;  // [B, T] int64, restarting at 0 for every packed sample
   at::Tensor segment_ids;   // [B, T] int64, packed batches only: which sample each token belongs to
   at::Tensor pixel_values;  // [N, C, H, W] float32: the images of every row, in row-major order of their
-                            // image-token runs; undefined when no sample has an image
+                            // image-token runs; undefined when no sample has an image. Variable-size images:
+                            // [sum of patches, C T P P], their patch rows concatenated in the same order
+  at::Tensor image_grid_thw;  // [N, 3] int64 with variable-size images; undefined otherwise
   int64_t label_tokens = 0;
   int64_t real_tokens = 0;  // tokens that are not padding
 };
@@ -67,6 +74,19 @@ Batch collate_packed(const std::vector<std::vector<const Sample*>>& rows, int32_
 /// The images of `samples` stacked in order into [N, C, H, W] float32 (undefined when there are none). Throws
 /// ConfigError naming the two shapes when the images differ in size.
 at::Tensor stack_pixel_values(const std::vector<const Sample*>& samples);
+
+/// The images of one forward, as ForwardOptions takes them.
+struct ImageInputs {
+  at::Tensor pixel_values;    // [N, C, H, W] (fixed-size) or [sum of patches, C T P P] (variable-size); may be undefined
+  at::Tensor image_grid_thw;  // [N, 3] int64 for variable-size images; undefined otherwise
+  bool empty() const { return !pixel_values.defined() || pixel_values.numel() == 0; }
+};
+
+/// The images of `samples` in order as a model forward takes them: stacked [N, C, H, W] for fixed-size images;
+/// for variable-size ones (Sample::image_grids) the patch rows concatenated and the grids [N, 3] int64. Both
+/// undefined when there are no images. Throws ConfigError as stack_pixel_values does, and when fixed-size and
+/// variable-size images meet.
+ImageInputs batch_images(const std::vector<const Sample*>& samples);
 
 /// Sum of token cross-entropies of logits [B, T, V] against labels [B, T] (kIgnoreIndex skipped), computed in
 /// float32 or wider. Divide by the global batch's label-token count for the training loss.

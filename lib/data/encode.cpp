@@ -6,7 +6,8 @@
 
 #include "tokenizer/tokenizer.h"
 #include "vision/image.h"
-#include "vision/processor.h"
+#include "models/decoder/config.h"
+#include "vision/image_processor.h"
 
 namespace swiftcpp {
 
@@ -16,26 +17,28 @@ namespace {
 // low enough that expanded lengths cannot overflow.
 constexpr int64_t kMaxTokensPerImage = int64_t{1} << 20;
 
-void check_image_settings(int64_t image_token_id, int64_t tokens_per_image, const fs::path& model_dir) {
-  if (image_token_id < 0 || image_token_id > INT32_MAX) {
-    fail<ConfigError>("{}: image token id must be in [0, {}], got {}", model_dir.string(), INT32_MAX, image_token_id);
+void check_image_settings(const ImageEncoding& im) {
+  const fs::path& model_dir = im.model_dir;
+  if (im.image_token_id < 0) {
+    fail<ConfigError>("{}: image token id must be in [0, {}], got {}", model_dir.string(), INT32_MAX, im.image_token_id);
   }
-  if (tokens_per_image < 1 || tokens_per_image > kMaxTokensPerImage) {
+  const bool per_image = im.processor && im.processor->variable_size();
+  if ((!per_image && im.tokens_per_image < 1) || im.tokens_per_image < 0 || im.tokens_per_image > kMaxTokensPerImage) {
     fail<ConfigError>("{}: image tokens per image must be in [1, {}], got {}", model_dir.string(), kMaxTokensPerImage,
-                      tokens_per_image);
+                      im.tokens_per_image);
   }
 }
 
-// Reads and preprocesses one image of a row: [C, H, W] float32. A missing or undecodable file is a bad row.
-at::Tensor load_row_image(const fs::path& path, const ImageEncoding& settings, const std::string& where) {
+// Reads and preprocesses one image of a row. A missing or undecodable file, or a size the processor refuses, is a
+// bad row.
+vision::ProcessedImage load_row_image(const fs::path& path, const ImageEncoding& settings, const std::string& where) {
   const auto unreadable = [&](const Error& e) {
     const std::string what = e.what();
     throw BadRowError(where, "image unreadable",
                       what.find(path.string()) == std::string::npos ? path.string() + ": " + what : what);
   };
   try {
-    const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
-    return vision::preprocess_image(vision::read_image(path, max_pixels), *settings.processor, max_pixels);
+    return process_image_file(path, settings);
   } catch (const IoError& e) {
     unreadable(e);
   } catch (const FormatError& e) {
@@ -44,28 +47,74 @@ at::Tensor load_row_image(const fs::path& path, const ImageEncoding& settings, c
   return {};  // not reached
 }
 
+// The rendered text with every image placeholder replaced by the family's markup.
+std::string with_image_markup(std::string text, const ImageEncoding& im) {
+  if (im.image_markup == kImagePlaceholder) return text;
+  std::string out;
+  size_t from = 0;
+  for (size_t at = text.find(kImagePlaceholder); at != std::string::npos; at = text.find(kImagePlaceholder, from)) {
+    out.append(text, from, at - from);
+    out += im.image_markup;
+    from = at + kImagePlaceholder.size();
+  }
+  out.append(text, from, std::string::npos);
+  return out;
+}
+
 }  // namespace
 
-ImageEncoding make_image_encoding(const fs::path& model_dir, int64_t image_token_id, int64_t tokens_per_image) {
-  check_image_settings(image_token_id, tokens_per_image, model_dir);
+vision::ProcessedImage process_image_file(const fs::path& path, const ImageEncoding& settings) {
+  const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+  vision::ProcessedImage out = settings.processor->process(vision::read_image(path, max_pixels), max_pixels);
+  if (!settings.processor->variable_size()) out.tokens = settings.tokens_per_image;
+  if (out.tokens < 1 || out.tokens > kMaxTokensPerImage) {
+    fail<FormatError>("{}: the image takes {} tokens; [1, {}] are supported", path.string(), out.tokens,
+                      kMaxTokensPerImage);
+  }
+  return out;
+}
+
+ImageInputs EncodedPrompt::batched_images() const {
+  Sample s;
+  s.pixel_values = pixel_values;
+  s.image_grids = image_grids;
+  return batch_images({&s});
+}
+
+ImageEncoding make_image_encoding(const fs::path& model_dir, const MultimodalConfig& mm,
+                                  const vision::ImageProcessorOverrides& overrides) {
   ImageEncoding e;
-  e.image_token_id = static_cast<int32_t>(image_token_id);
-  e.tokens_per_image = tokens_per_image;
-  e.processor = std::make_shared<const vision::ImageProcessorConfig>(vision::load_image_processor_config(model_dir));
+  if (mm.image_token_index < 0 || mm.image_token_index > INT32_MAX) {
+    fail<ConfigError>("{}: image token id must be in [0, {}], got {}", model_dir.string(), INT32_MAX,
+                      mm.image_token_index);
+  }
+  e.image_token_id = static_cast<int32_t>(mm.image_token_index);
+  e.tokens_per_image = mm.image_seq_length;
+  e.image_markup = mm.image_markup;
+  e.processor = vision::load_image_processor(model_dir, mm.image_seq_length, overrides);
   e.model_dir = model_dir;
+  check_image_settings(e);
   return e;
 }
 
-std::string image_encoding_fingerprint(const ImageEncoding& images) {
-  std::string fp = fmt::format("image_token={};per_image={};max_pixels={}", images.image_token_id,
-                               images.tokens_per_image, images.max_pixels);
-  if (const vision::ImageProcessorConfig* p = images.processor.get()) {
-    // Doubles in their shortest exact form ({}), so equal settings always give equal text.
-    fp += fmt::format(";resize={}:{}:{}x{}:{};crop={}:{}x{};rescale={}:{};normalize={}:{}:{};rgb={}", p->do_resize,
-                      p->shortest_edge, p->resize_height, p->resize_width, static_cast<int>(p->resample),
-                      p->do_center_crop, p->crop_height, p->crop_width, p->do_rescale, p->rescale_factor,
-                      p->do_normalize, fmt::join(p->image_mean, ","), fmt::join(p->image_std, ","), p->do_convert_rgb);
+ImageEncoding make_image_encoding(const fs::path& model_dir, int64_t image_token_id, int64_t tokens_per_image) {
+  if (image_token_id < 0 || image_token_id > INT32_MAX) {
+    fail<ConfigError>("{}: image token id must be in [0, {}], got {}", model_dir.string(), INT32_MAX, image_token_id);
   }
+  if (tokens_per_image < 1 || tokens_per_image > kMaxTokensPerImage) {
+    fail<ConfigError>("{}: image tokens per image must be in [1, {}], got {}", model_dir.string(), kMaxTokensPerImage,
+                      tokens_per_image);
+  }
+  MultimodalConfig mm;
+  mm.image_token_index = image_token_id;
+  mm.image_seq_length = tokens_per_image;
+  return make_image_encoding(model_dir, mm);
+}
+
+std::string image_encoding_fingerprint(const ImageEncoding& images) {
+  std::string fp = fmt::format("image_token={};per_image={};markup={};max_pixels={}", images.image_token_id,
+                               images.tokens_per_image, images.image_markup, images.max_pixels);
+  if (images.processor) fp += ";" + images.processor->fingerprint();
   return fp;
 }
 
@@ -73,14 +122,32 @@ std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_toke
   if (tokens_per_image < 1 || tokens_per_image > kMaxTokensPerImage) {
     fail<ConfigError>("image tokens per image must be in [1, {}], got {}", kMaxTokensPerImage, tokens_per_image);
   }
+  const auto images = std::count(ids.begin(), ids.end(), image_token_id);
+  return expand_image_tokens(ids, image_token_id, std::vector<int64_t>(static_cast<size_t>(images), tokens_per_image));
+}
+
+std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_token_id,
+                                     const std::vector<int64_t>& tokens_per_image) {
   std::vector<int> out;
   out.reserve(ids.size());
+  size_t image = 0;
   for (int id : ids) {
-    if (id == image_token_id) {
-      out.insert(out.end(), static_cast<size_t>(tokens_per_image), id);
-    } else {
+    if (id != image_token_id) {
       out.push_back(id);
+      continue;
     }
+    if (image >= tokens_per_image.size()) {
+      fail<ConfigError>("the ids hold more than {} image token(s) (id {})", tokens_per_image.size(), image_token_id);
+    }
+    const int64_t n = tokens_per_image[image++];
+    if (n < 1 || n > kMaxTokensPerImage) {
+      fail<ConfigError>("image tokens per image must be in [1, {}], got {}", kMaxTokensPerImage, n);
+    }
+    out.insert(out.end(), static_cast<size_t>(n), id);
+  }
+  if (image != tokens_per_image.size()) {
+    fail<ConfigError>("the ids hold {} image token(s) (id {}), but {} image(s) were given", image, image_token_id,
+                      tokens_per_image.size());
   }
   return out;
 }
@@ -105,15 +172,15 @@ SampleEncoder::SampleEncoder(std::shared_ptr<const TextTokenizer> tokenizer,
   if (options_.images) {
     const ImageEncoding& im = *options_.images;
     const std::string dir = im.model_dir.empty() ? std::string("the model folder") : im.model_dir.string();
-    check_image_settings(im.image_token_id, im.tokens_per_image, im.model_dir);
     if (!im.processor) {
       fail<ConfigError>("{}: image settings without an image processor (preprocessor_config.json)", dir);
     }
-    const std::vector<int> ids = tokenizer_->encode_with_special_tokens(std::string(kImagePlaceholder));
-    if (ids != std::vector<int>{im.image_token_id}) {
-      fail<ConfigError>("the tokenizer in {} does not know '{}' as a special token: it encodes to [{}], but the "
-                        "model's image token is {} (image_token_index); add '{}' to the tokenizer's added tokens", dir,
-                        kImagePlaceholder, fmt::join(ids, ", "), im.image_token_id, kImagePlaceholder);
+    check_image_settings(im);
+    const std::vector<int> ids = tokenizer_->encode_with_special_tokens(im.image_markup);
+    if (std::count(ids.begin(), ids.end(), im.image_token_id) != 1) {
+      fail<ConfigError>("the tokenizer in {} does not know the image markup '{}' as holding the image token {} once "
+                        "(image_token_index): it encodes to [{}]; add the image token to the tokenizer's added tokens",
+                        dir, im.image_markup, im.image_token_id, fmt::join(ids, ", "));
     }
   }
 }
@@ -141,32 +208,35 @@ std::vector<int> SampleEncoder::encode_prompt(const std::vector<ChatMessage>& me
 EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages,
                                            const std::vector<fs::path>& images) const {
   EncodedPrompt prompt;
+  std::string text;
   if (!template_) {
-    std::string text;
     for (const auto& m : messages) text += m.content;
-    prompt.ids = tokenize_rendered(*tokenizer_, text);
   } else {
-    prompt.ids = tokenize_rendered(*tokenizer_, template_->render_text(messages, /*add_generation_prompt=*/true));
+    text = template_->render_text(messages, /*add_generation_prompt=*/true);
   }
   if (!options_.images) {
     if (!images.empty()) {
       fail<ConfigError>("{} image(s) given, but images need a vision-language model (this model takes text only)",
                         images.size());
     }
+    prompt.ids = tokenize_rendered(*tokenizer_, text);
     return prompt;
   }
   const ImageEncoding& im = *options_.images;
+  prompt.ids = tokenize_rendered(*tokenizer_, with_image_markup(text, im));
   const auto tokens = std::count(prompt.ids.begin(), prompt.ids.end(), im.image_token_id);
   if (tokens != static_cast<std::ptrdiff_t>(images.size())) {
     fail<ConfigError>("image count mismatch: the prompt holds {} {} placeholder(s) but {} image(s) were given", tokens,
                       kImagePlaceholder, images.size());
   }
-  prompt.ids = expand_image_tokens(prompt.ids, im.image_token_id, im.tokens_per_image);
-  const int64_t max_pixels = im.max_pixels > 0 ? im.max_pixels : vision::kMaxImagePixels;
+  std::vector<int64_t> counts;
   for (const fs::path& path : images) {
-    prompt.pixel_values.push_back(vision::preprocess_image(vision::read_image(path, max_pixels), *im.processor,
-                                                           max_pixels));  // [C, H, W]
+    vision::ProcessedImage image = process_image_file(path, im);
+    counts.push_back(image.tokens);
+    prompt.pixel_values.push_back(std::move(image.pixel_values));
+    if (im.processor->variable_size()) prompt.image_grids.push_back(image.grid_thw);
   }
+  prompt.ids = expand_image_tokens(prompt.ids, im.image_token_id, counts);
   return prompt;
 }
 
@@ -215,7 +285,8 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
     for (size_t i = 0; i < c.messages.size(); ++i) {
       const auto& m = c.messages[i];
       if (i > 0) append("\n", false);
-      append(m.content, m.role == "assistant" && m.loss.value_or(true));
+      append(options_.images ? with_image_markup(m.content, *options_.images) : m.content,
+             m.role == "assistant" && m.loss.value_or(true));
     }
     append_eos();
   } else {
@@ -241,12 +312,13 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
         if (!owner.loss.value_or(true)) train = false;
         if (options_.loss_scale == LossScale::kLastRound && run != assistants.size()) train = false;
       }
-      append(seg.text, train);
+      append(options_.images ? with_image_markup(seg.text, *options_.images) : seg.text, train);
     }
   }
 
-  // Images: each image token becomes a run of tokens_per_image, none of them a target.
+  // Images: each image token becomes a run of as many tokens as the image takes, none of them a target.
   std::vector<TokenSpan> runs;
+  std::vector<vision::ProcessedImage> processed;  // variable-size processors: every image, read before expanding
   if (options_.images) {
     const ImageEncoding& im = *options_.images;
     const auto tokens = std::count(ids.begin(), ids.end(), im.image_token_id);
@@ -255,7 +327,15 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
                         fmt::format("{} image token(s) in the rendered text, {} image(s) given", tokens,
                                     c.images.size()));
     }
-    const int64_t expanded_length = static_cast<int64_t>(ids.size()) + tokens * (im.tokens_per_image - 1);
+    std::vector<int64_t> counts(c.images.size(), im.tokens_per_image);
+    if (im.processor->variable_size()) {
+      for (size_t i = 0; i < c.images.size(); ++i) {
+        processed.push_back(load_row_image(c.images[i], im, c.where));
+        counts[i] = processed.back().tokens;
+      }
+    }
+    int64_t expanded_length = static_cast<int64_t>(ids.size());
+    for (const int64_t n : counts) expanded_length += n - 1;
     if (expanded_length > options_.max_length && options_.truncation == TruncationStrategy::kDelete) {
       return std::nullopt;  // known without expanding
     }
@@ -263,12 +343,14 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
       std::vector<int> expanded;
       std::vector<char> expanded_trained;
       expanded.reserve(static_cast<size_t>(expanded_length));
+      size_t image = 0;
       for (size_t t = 0; t < ids.size(); ++t) {
         if (ids[t] == im.image_token_id) {
+          const int64_t n = counts[image++];
           const auto at = static_cast<int64_t>(expanded.size());
-          runs.push_back({at, at + im.tokens_per_image});
-          expanded.insert(expanded.end(), static_cast<size_t>(im.tokens_per_image), ids[t]);
-          expanded_trained.insert(expanded_trained.end(), static_cast<size_t>(im.tokens_per_image), 0);
+          runs.push_back({at, at + n});
+          expanded.insert(expanded.end(), static_cast<size_t>(n), ids[t]);
+          expanded_trained.insert(expanded_trained.end(), static_cast<size_t>(n), 0);
         } else {
           expanded.push_back(ids[t]);
           expanded_trained.push_back(trained[t]);
@@ -300,7 +382,10 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
   if (s.label_tokens() == 0) return std::nullopt;
   for (size_t i = 0; i < runs.size(); ++i) {  // the images whose runs were kept, in order
     if (runs[i].begin >= begin && runs[i].end <= end) {
-      s.pixel_values.push_back(load_row_image(c.images[i], *options_.images, c.where));  // [C, H, W]
+      vision::ProcessedImage image = processed.empty() ? load_row_image(c.images[i], *options_.images, c.where)
+                                                       : std::move(processed[i]);
+      s.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
+      if (options_.images->processor->variable_size()) s.image_grids.push_back(image.grid_thw);
     }
   }
   return s;

@@ -7,13 +7,12 @@
 
 #include "data/collate.h"
 #include "data/dataset.h"
+#include "vision/image_processor.h"
 
 namespace swiftcpp {
 
 class TextTokenizer;
-namespace vision {
-struct ImageProcessorConfig;
-}
+struct MultimodalConfig;
 
 /// Tokenises rendered text exactly as training and inference both do: special-token strings become their ids,
 /// and BOS is prepended when the tokenizer adds one and the text does not already start with it (chat templates
@@ -32,20 +31,30 @@ TruncationStrategy parse_truncation_strategy(const std::string& name);
 /// Parses "default" | "last_round"; throws ConfigError listing the choices.
 LossScale parse_loss_scale(const std::string& name);
 
-/// How a vision-language model takes images: each kImagePlaceholder in the rendered text tokenises to
-/// `image_token_id` (a special token of the tokenizer) and is expanded to `tokens_per_image` copies of it, the
-/// positions the model fills with one image's features; the image file is read and preprocessed by `processor`.
+/// How a vision-language model takes images: each kImagePlaceholder in the rendered text becomes the family's
+/// `image_markup` (LLaVA: "<image>" itself; Qwen2-VL: "<|vision_start|><|image_pad|><|vision_end|>"), which holds
+/// `image_token_id` (a special token of the tokenizer) once; that token is expanded to as many copies as the image
+/// takes positions (`tokens_per_image` for fixed-count families, else what `processor` says for each image), the
+/// positions the model fills with the image's features. The image file is read and preprocessed by `processor`.
 struct ImageEncoding {
-  int32_t image_token_id = -1;   // config.json's image_token_index (MultimodalConfig::image_token_index)
-  int64_t tokens_per_image = 0;  // features per image (MultimodalConfig::image_seq_length)
-  std::shared_ptr<const vision::ImageProcessorConfig> processor;  // preprocessor_config.json
+  int32_t image_token_id = -1;   // config.json's image_token_index / image_token_id
+  int64_t tokens_per_image = 0;  // fixed-count families (MultimodalConfig::image_seq_length); 0: per image
+  std::string image_markup = std::string(kImagePlaceholder);  // MultimodalConfig::image_markup
+  std::shared_ptr<const vision::ImageProcessor> processor;    // chosen by preprocessor_config.json
   int64_t max_pixels = 0;        // images larger than this (width * height) are refused; 0: vision::kMaxImagePixels
   fs::path model_dir;            // where the tokenizer and processor come from, named in errors
 };
 
-/// The image settings of the vision-language checkpoint in `model_dir`: its preprocessor_config.json and the
-/// given image token id and features per image (from its config: MultimodalConfig). Throws like
-/// vision::load_image_processor_config, and ConfigError when image_token_id < 0 or tokens_per_image < 1.
+/// The image settings of the vision-language checkpoint in `model_dir` whose config is `mm`: its
+/// preprocessor_config.json's processor (with `overrides`), image token, markup and fixed count. The one way
+/// every command (train, infer, eval, deploy, data) sets images up. Throws like vision::load_image_processor,
+/// and ConfigError when the image token id is out of range.
+ImageEncoding make_image_encoding(const fs::path& model_dir, const MultimodalConfig& mm,
+                                  const vision::ImageProcessorOverrides& overrides = {});
+
+/// A fixed-count encoding (LLaVA-style: CLIP's processor from `model_dir`, `tokens_per_image` per image) for the
+/// given image token. Throws like vision::load_image_processor, and ConfigError when image_token_id < 0 or
+/// tokens_per_image < 1.
 ImageEncoding make_image_encoding(const fs::path& model_dir, int64_t image_token_id, int64_t tokens_per_image);
 
 /// A stable text of everything in `images` that decides the encoded samples (token id, features per image, every
@@ -57,6 +66,15 @@ std::string image_encoding_fingerprint(const ImageEncoding& images);
 /// Throws ConfigError when tokens_per_image < 1.
 std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_token_id, int64_t tokens_per_image);
 
+/// `ids` with the i-th `image_token_id` repeated tokens_per_image[i] times (variable-size images). Throws
+/// ConfigError when the image tokens and the counts differ in number or a count is outside [1, 2^20].
+std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_token_id,
+                                     const std::vector<int64_t>& tokens_per_image);
+
+/// Reads and preprocesses the image file at `path` with the encoding's processor; tokens is the positions it
+/// takes. Throws IoError / FormatError naming the file, FormatError when the image would take no or too many tokens.
+vision::ProcessedImage process_image_file(const fs::path& path, const ImageEncoding& settings);
+
 struct EncodeOptions {
   int64_t max_length = 2048;
   TruncationStrategy truncation = TruncationStrategy::kDelete;
@@ -65,11 +83,15 @@ struct EncodeOptions {
   std::optional<ImageEncoding> images;
 };
 
-/// A generation prompt: its ids (image tokens expanded) and the preprocessed images, one [C, H, W] float32 per
-/// image-token run, in order.
+/// A generation prompt: its ids (image tokens expanded) and the preprocessed images, one per image-token run, in
+/// order ([C, H, W] float32, or [patches, C T P P] with its grid in image_grids for variable-size processors).
 struct EncodedPrompt {
   std::vector<int> ids;
   std::vector<at::Tensor> pixel_values;
+  std::vector<std::array<int64_t, 3>> image_grids;  // variable-size images only
+  /// The images as one forward takes them: pixel_values and image_grid_thw (collate.h's batch_images); both
+  /// undefined without images.
+  ImageInputs batched_images() const;
 };
 
 /// Encodes conversations the way inference will see them: the exact text the template renders (byte-identical

@@ -1,5 +1,7 @@
 #include "data/pipeline.h"
 
+#include <array>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -75,10 +77,16 @@ void write_sample(std::ostream& out, const Sample& s) {
   out.write(reinterpret_cast<const char*>(s.input_ids.data()), static_cast<std::streamsize>(len * 4));
   out.write(reinterpret_cast<const char*>(s.labels.data()), static_cast<std::streamsize>(len * 4));
   write_u64(out, s.pixel_values.size());
-  for (const at::Tensor& image : s.pixel_values) {
-    TORCH_CHECK(image.dim() == 3, "pixel_values of a sample must be [C, H, W], got ", image.sizes());
-    const at::Tensor data = image.to(at::kFloat).contiguous();  // [C, H, W]
-    for (int64_t d = 0; d < 3; ++d) write_u64(out, static_cast<uint64_t>(data.size(d)));
+  TORCH_CHECK(s.image_grids.empty() || s.image_grids.size() == s.pixel_values.size(),
+              "a sample's image grids do not match its images");
+  for (size_t i = 0; i < s.pixel_values.size(); ++i) {
+    const at::Tensor data = s.pixel_values[i].to(at::kFloat).contiguous();  // [C, H, W] or [patches, C T P P]
+    TORCH_CHECK(data.dim() == 2 || data.dim() == 3, "pixel_values of a sample must have 2 or 3 dims, got ",
+                data.sizes());
+    write_u64(out, static_cast<uint64_t>(data.dim()));
+    for (int64_t d = 0; d < data.dim(); ++d) write_u64(out, static_cast<uint64_t>(data.size(d)));
+    const std::array<int64_t, 3> grid = s.image_grids.empty() ? std::array<int64_t, 3>{0, 0, 0} : s.image_grids[i];
+    for (const int64_t g : grid) write_u64(out, static_cast<uint64_t>(g));
     out.write(reinterpret_cast<const char*>(data.data_ptr<float>()), static_cast<std::streamsize>(data.numel() * 4));
   }
 }
@@ -90,19 +98,36 @@ bool read_sample(CacheReader& in, Sample& s) {
   s.labels.resize(len);
   if (!in.read(s.input_ids.data(), len * 4) || !in.read(s.labels.data(), len * 4)) return false;
   uint64_t images = 0;
-  if (!in.count(images, 28)) return false;  // each image: three sizes and at least one float
+  if (!in.count(images, 52)) return false;  // each image: its rank, two sizes, a grid and at least one float
+  bool any_grid = false;
   for (uint64_t i = 0; i < images; ++i) {
-    uint64_t dims[3];
-    if (!in.u64(dims[0]) || !in.u64(dims[1]) || !in.u64(dims[2])) return false;
+    uint64_t rank = 0;
+    if (!in.u64(rank) || (rank != 2 && rank != 3)) return false;
+    std::vector<int64_t> shape;
     uint64_t numel = 1;
-    for (uint64_t d : dims) {
-      if (d == 0 || d > in.left() / 4 || numel > in.left() / 4 / d) return false;  // numel * 4 <= bytes left
+    for (uint64_t k = 0; k < rank; ++k) {
+      uint64_t d = 0;
+      if (!in.u64(d) || d == 0 || d > in.left() / 4 || numel > in.left() / 4 / d) return false;  // numel * 4 <= left
       numel *= d;
+      shape.push_back(static_cast<int64_t>(d));
     }
-    at::Tensor image = at::empty({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1]),
-                                  static_cast<int64_t>(dims[2])}, at::kFloat);  // [C, H, W]
+    std::array<int64_t, 3> grid{};
+    for (auto& g : grid) {
+      uint64_t v = 0;
+      if (!in.u64(v) || v > (1ULL << 20)) return false;
+      g = static_cast<int64_t>(v);
+    }
+    const bool has_grid = grid[0] != 0;
+    if ((has_grid && (grid[1] == 0 || grid[2] == 0 || static_cast<uint64_t>(grid[0] * grid[1] * grid[2]) !=
+                      static_cast<uint64_t>(shape[0]) || rank != 2)) ||
+        (i > 0 && has_grid != any_grid)) {
+      return false;
+    }
+    any_grid = has_grid;
+    at::Tensor image = at::empty(shape, at::kFloat);
     if (!in.read(image.data_ptr<float>(), numel * 4)) return false;
     s.pixel_values.push_back(std::move(image));
+    if (has_grid) s.image_grids.push_back(grid);
   }
   return true;
 }
@@ -373,10 +398,10 @@ bool read_cache_header(CacheReader& in, const std::array<char, 8>& magic, DataSt
 
 namespace {
 
-// Version 2 added the image manifest and each sample's pixel_values.
+// Version 2 added the image manifest and each sample's pixel_values; version 3 images of any rank with their grids.
 const data_detail::ItemCodec<Sample>& sample_codec() {
   static const data_detail::ItemCodec<Sample> codec{
-      {'S', 'W', 'D', 'C', 'A', 'C', 'H', '2'},
+      {'S', 'W', 'D', 'C', 'A', 'C', 'H', '3'},
       [](std::ostream& out, const Sample& s) { data_detail::write_sample(out, s); },
       [](data_detail::CacheReader& in, Sample& s) { return data_detail::read_sample(in, s); },
       [] { return data_detail::kMinSampleBytes; },

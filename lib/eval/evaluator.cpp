@@ -118,8 +118,11 @@ void Evaluator::check(const Task& task) {
                       "(image_token_index) but to {} token(s); add it to the tokenizer's added tokens", task.name,
                       options_.model_dir.string(), kImagePlaceholder, mm->image_token_index, ids.size());
   }
-  images_ = std::make_shared<const ImageEncoding>(
-      make_image_encoding(options_.model_dir, mm->image_token_index, mm->image_seq_length));
+  if (mm->image_seq_length < 1) {
+    fail<ConfigError>("task {}: eval's image tasks take fixed-count image models (LLaVA) so far; {} gives each image "
+                      "its own token count", task.name, model_->config().model_type);
+  }
+  images_ = std::make_shared<const ImageEncoding>(make_image_encoding(options_.model_dir, *mm));
 }
 
 std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, size_t images, const std::string& source) const {
@@ -144,7 +147,6 @@ std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, size_t i
 at::Tensor Evaluator::load_images(const std::vector<fs::path>& files, const std::string& source) const {
   if (files.empty()) return {};
   if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
-  const int64_t max_pixels = images_->max_pixels > 0 ? images_->max_pixels : vision::kMaxImagePixels;
   std::vector<at::Tensor> out;
   for (const fs::path& file : files) {
     // The decoder's message names the file; the item's data file:line is put in front.
@@ -154,7 +156,7 @@ at::Tensor Evaluator::load_images(const std::vector<fs::path>& files, const std:
                                                            : fmt::format("{}: {}", source, what);
     };
     try {
-      out.push_back(vision::preprocess_image(vision::read_image(file, max_pixels), *images_->processor, max_pixels));
+      out.push_back(process_image_file(file, *images_).pixel_values);  // [C, H, W]
     } catch (const IoError& e) {
       fail<IoError>("{}", where(e));
     } catch (const FormatError& e) {
@@ -330,11 +332,11 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
   for (size_t start = 0; start < order.size(); start += B) {
     const size_t end = std::min(order.size(), start + B);
     std::vector<std::vector<int64_t>> batch;
-    std::vector<at::Tensor> images;  // per prompt [N_i, C, H, W]; empty for a text task
+    std::vector<ImageInputs> images;  // per prompt [N_i, C, H, W]; empty for a text task
     for (size_t i = start; i < end; ++i) {
       batch.push_back(prompts[order[i]]);
       const GenerationItem& item = task.generation_items[order[i]];
-      if (task.has_images) images.push_back(load_images(item.images, item.source));
+      if (task.has_images) images.push_back({load_images(item.images, item.source), at::Tensor()});
     }
     auto out = generator.generate(batch, config, {}, images);
     for (size_t i = start; i < end; ++i) {

@@ -253,7 +253,10 @@ void Engine::prefill(std::vector<SequenceUpdate>& updates) {
     ForwardOptions options;
     options.cache = &*cache_;
     options.last_token_only = true;
-    if (images) options.pixel_values = seq->request.pixel_values.to(device);
+    if (images) {
+      options.pixel_values = seq->request.pixel_values.to(device);
+      options.image_grid_thw = seq->request.image_grid_thw;
+    }
     const at::Tensor logits = forward(ids, options, {seq->request.adapter});  // [1, 1, V]
     seq->filled += n;
     budget -= n;

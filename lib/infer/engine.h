@@ -32,6 +32,7 @@ struct GenerationConfig {
 struct SequenceRequest {
   std::vector<int64_t> prompt;  // token ids, non-empty (image-token runs already expanded)
   at::Tensor pixel_values;      // vision-language models: the prompt's images [N, C, H, W]; undefined for none
+  at::Tensor image_grid_thw;    // variable-size images: [N, 3] (pixel_values then [patches, C T P P])
   GenerationConfig config;
   /// Log-probabilities of the model's own distribution (log_softmax of the logits, before penalties and
   /// sampling filters): -1 none; 0..20 the chosen token's and that many most likely tokens'.

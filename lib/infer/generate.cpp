@@ -20,7 +20,7 @@ std::vector<int64_t> Generator::encode_prompt(const std::string& text) const {
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
-at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const at::Tensor& pixel_values) {
+at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const ImageInputs& images) {
   const int64_t context = model_->config().max_position_embeddings;
   if (static_cast<int64_t>(prompt.size()) > context) {
     fail<ConfigError>("the prompt has {} tokens, more than the model's context of {} positions (max_position_embeddings)",
@@ -29,13 +29,16 @@ at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const at
   c10::InferenceMode guard;
   const at::Tensor ids = at::tensor(prompt, at::kLong).view({1, -1}).to(model_->device());
   ForwardOptions options;
-  if (pixel_values.defined() && pixel_values.numel() > 0) options.pixel_values = pixel_values.to(model_->device());
+  if (!images.empty()) {
+    options.pixel_values = images.pixel_values.to(model_->device());
+    options.image_grid_thw = images.image_grid_thw;
+  }
   return model_->forward(ids, options).squeeze(0).to(at::kCPU, at::kFloat);  // [T, V]
 }
 
 std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<int64_t>>& prompts,
                                                   const GenerationConfig& config, const TextCallback& on_text,
-                                                  const std::vector<at::Tensor>& images) {
+                                                  const std::vector<ImageInputs>& images) {
   if (prompts.empty()) return {};
   if (!images.empty() && images.size() != prompts.size()) {
     fail<ConfigError>("{} image lists given for {} prompts (one per prompt, empty for none)", images.size(),
@@ -68,7 +71,10 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
   for (size_t i = 0; i < prompts.size(); ++i) {
     SequenceRequest request;
     request.prompt = prompts[i];
-    if (!images.empty()) request.pixel_values = images[i];
+    if (!images.empty()) {
+      request.pixel_values = images[i].pixel_values;
+      request.image_grid_thw = images[i].image_grid_thw;
+    }
     request.config = config;
     ids.push_back(engine.add(std::move(request)));
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/collate.h"
 #include "infer/engine.h"
 #include "models/decoder/decoder.h"
 
@@ -32,21 +33,20 @@ class Generator {
   /// own generator seeded by config.sampling.seed, so its text does not depend on the others. A prompt and its
   /// new tokens never exceed the model's context: a row stops (finish reason "length") after
   /// min(max_new_tokens, max_position_embeddings - prompt length) new tokens, with a warning (core/runtime.h)
-  /// when max_new_tokens is cut that way. Vision-language models take `images`: per prompt, its pixel values
-  /// [N_i, C, H, W] (undefined or empty for none), N_i matching the prompt's image-token runs (ids already
-  /// expanded); the images are encoded once, in the prefill. Throws ConfigError on bad settings, an empty prompt or
+  /// when max_new_tokens is cut that way. Vision-language models take `images`: per prompt, its images (empty for
+  /// none: pixel values [N_i, C, H, W], or patch rows with their grids), matching the prompt's image-token runs
+  /// (ids already expanded); the images are encoded once, in the prefill. Throws ConfigError on bad settings, an empty prompt or
   /// a prompt longer than max_position_embeddings, ModelError when images do not fit the prompts or the model.
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
                                          const GenerationConfig& config, const TextCallback& on_text = {},
-                                         const std::vector<at::Tensor>& images = {});
+                                         const std::vector<ImageInputs>& images = {});
 
   /// Raw `text` as encode_raw_prompt (infer/session.h) tokenises it.
   std::vector<int64_t> encode_prompt(const std::string& text) const;
 
   /// Full logits of one prompt without a cache: [T, V] float32 on the CPU; a vision-language model takes the
-  /// prompt's images as pixel_values [N, C, H, W]. Throws ConfigError when the prompt is longer than
-  /// max_position_embeddings.
-  at::Tensor prompt_logits(const std::vector<int64_t>& prompt, const at::Tensor& pixel_values = {});
+  /// prompt's images. Throws ConfigError when the prompt is longer than max_position_embeddings.
+  at::Tensor prompt_logits(const std::vector<int64_t>& prompt, const ImageInputs& images = {});
 
   CausalLM& model() { return model_; }
   const TextTokenizer& tokenizer() const { return *tokenizer_; }

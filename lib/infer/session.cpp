@@ -31,7 +31,7 @@ ModelSession ModelSession::open(const SessionOptions& options) {
   const std::string name = options.chat_template.empty() ? detect_chat_template(s.assets_dir) : options.chat_template;
   s.chat_template = chat_template_for(*s.tokenizer, name);
   if (const auto& mm = s.model->config().multimodal) {
-    s.encode.images = make_image_encoding(s.assets_dir, mm->image_token_index, mm->image_seq_length);
+    s.encode.images = make_image_encoding(s.assets_dir, *mm, options.images);
   }
   s.defaults = generation_defaults(s.assets_dir);
   for (int id : s.tokenizer->specials().eos) s.eos_ids.push_back(id);

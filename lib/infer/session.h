@@ -23,6 +23,7 @@ struct SessionOptions {
   std::string tokenizer;      // tokenizer folder of a .gguf model ("" = the file's folder)
   std::string chat_template;  // "" = the checkpoint's (raw text when it has none); "raw" = none
   LoadOptions load;
+  vision::ImageProcessorOverrides images;  // min_pixels / max_pixels over the checkpoint's processor settings
 };
 
 /// Raw text tokenised as training does, never through a chat template: special-token strings parsed, BOS when the

@@ -468,6 +468,18 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta, const RopeScali
     fail<ConfigError>("unsupported rope_scaling type '{}' (supported: default, linear, llama3, longrope)",
                       scaling.type);
   }
+  if (!scaling.mrope_section.empty()) {
+    int64_t total = 0;
+    for (const int64_t part : scaling.mrope_section) {
+      if (part < 0) fail<ConfigError>("rope_scaling.mrope_section holds a negative size {}", part);
+      total += part;
+    }
+    if (scaling.mrope_section.size() != 3 || 2 * total != rotary_dim_) {
+      fail<ConfigError>("rope_scaling.mrope_section [{}] must be three sizes summing to half the rotary width ({})",
+                        fmt::join(scaling.mrope_section, ", "), rotary_dim_ / 2);
+    }
+    mrope_section_ = scaling.mrope_section;
+  }
   short_.inv_freq = inv_freq;
   grow(short_, std::max<int64_t>(initial_positions, 1), at::Device(at::kCPU));
 }
@@ -497,6 +509,28 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
   const int64_t have = table.cos.defined() ? table.cos.size(0) : 0;
   if (needed > have || table.cos.device() != positions.device()) {
     grow(table, std::max<int64_t>(needed, have), positions.device());
+  }
+  if (positions.dim() == 3) {
+    // M-RoPE: positions [3, B, T]; the columns of frequency j (j and j + R/2) come from the axis of j's section.
+    TORCH_CHECK(!mrope_section_.empty() && positions.size(0) == 3, "rotary: [3, B, T] positions need M-RoPE, got ",
+                positions.sizes());
+    const int64_t B = positions.size(1), T = positions.size(2), half = rotary_dim_ / 2;
+    const auto shape = std::vector<int64_t>{B, 1, T, rotary_dim_};
+    const auto pick = [&](const at::Tensor& source) {
+      std::vector<at::Tensor> axes;  // each [B T, R]
+      for (int64_t a = 0; a < 3; ++a) axes.push_back(source.index_select(0, positions[a].reshape({-1})));
+      std::vector<at::Tensor> parts;
+      for (int64_t offset : {int64_t{0}, half}) {
+        int64_t start = 0;
+        for (int64_t a = 0; a < 3; ++a) {
+          const int64_t width = mrope_section_[static_cast<size_t>(a)];
+          if (width > 0) parts.push_back(axes[static_cast<size_t>(a)].narrow(1, offset + start, width));
+          start += width;
+        }
+      }
+      return at::cat(parts, 1).view(shape).to(dtype);
+    };
+    return {pick(table.cos), pick(table.sin)};
   }
   const at::Tensor flat = positions.reshape({-1});
   const auto shape = std::vector<int64_t>{positions.size(0), 1, positions.size(1), rotary_dim_};

@@ -168,6 +168,9 @@ struct RopeScaling {
   // attention_factor with both.
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
+  /// M-RoPE (Qwen2-VL): frequencies [0, s0) rotate by the temporal position, [s0, s0 + s1) by the height and the
+  /// rest by the width position (2 (s0 + s1 + s2) = rotary_dim); empty: one position per token.
+  std::vector<int64_t> mrope_section;
 };
 
 /// Rotary position embedding tables (rotate-half layout, as Hugging Face stores q/k).
@@ -180,6 +183,8 @@ class RotaryEmbedding {
 
   /// cos and signed sin for `positions` [B, T] (int64, any device), all below `position_bound`, -> each
   /// [B, 1, T, rotary_dim] in `dtype`, for apply_rotary. Tables grow as needed (no host sync on the positions).
+  /// With M-RoPE (RopeScaling::mrope_section) positions may be [3, B, T] (temporal, height, width): each
+  /// frequency takes the angle of its section's axis; [B, T] then means the same position on all three.
   /// longrope: position_bound (the forward's key length) chooses the short or the long factors.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, int64_t position_bound,
                                             at::ScalarType dtype);
@@ -193,6 +198,7 @@ class RotaryEmbedding {
     at::Tensor cos, sin;  // [P, rotary_dim] float32 on the device last asked for; sin carries the sign
   };
   void grow(Table& table, int64_t positions, const at::Device& device) const;
+  std::vector<int64_t> mrope_section_;
 
   int64_t rotary_dim_;
   double attention_factor_ = 1.0;

@@ -106,7 +106,7 @@ std::vector<std::string> lora_target_paths(CausalLM& model, const LoraConfig& co
   }
   // Vision-language models: names select within the language model.
   const std::string prefix = model->language_model_prefix();
-  const auto in_scope = [&](const std::string& path) { return path.compare(0, prefix.size(), prefix) == 0; };
+  const auto in_scope = [&](const std::string& path) { return model->in_language_model(path); };
   std::set<std::string> chosen;
   for (const auto& target : config.target_modules) {
     bool found = false;

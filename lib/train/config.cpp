@@ -37,6 +37,10 @@ ConfigSchema<TrainConfig> make_schema() {
       .integer("quant_group_size", &C::quant_group_size, "QLoRA: input columns per quantisation scale (-1: one per output row)", -1, 1 << 20)
       .strings("modules_to_save", &C::modules_to_save, "modules trained in full beside the adapter (lm_head, embed_tokens)")
       .boolean("freeze_vit", &C::freeze_vit, "vision-language models: keep the vision tower frozen")
+      .integer("max_pixels", &C::max_pixels, "Qwen2-VL: the image processor's max_pixels (ms-swift's MAX_PIXELS; 0: "
+               "preprocessor_config.json's)", 0, int64_t{1} << 32)
+      .integer("min_pixels", &C::min_pixels, "Qwen2-VL: the image processor's min_pixels (0: preprocessor_config.json's)",
+               0, int64_t{1} << 32)
       .boolean("freeze_aligner", &C::freeze_aligner, "vision-language models: keep the projector (aligner) frozen; "
                "otherwise it trains in full (saved as modules_to_save with LoRA)")
       .boolean("freeze_llm", &C::freeze_llm, "vision-language models: keep the language model frozen (no adapters "

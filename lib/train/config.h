@@ -36,6 +36,8 @@ struct TrainConfig {
   // Vision-language models: which parts train (ms-swift's keys). With LoRA the adapters go on the language model,
   // and a part that is not frozen (aligner, vision tower) is trained in full and saved as modules_to_save.
   bool freeze_vit = true;
+  int64_t max_pixels = 0;  // Qwen2-VL image processor: max_pixels over preprocessor_config.json's (0: the file's)
+  int64_t min_pixels = 0;  // likewise min_pixels
   bool freeze_aligner = false;
   bool freeze_llm = false;
 

@@ -37,7 +37,12 @@ bool under(const std::string& path, const std::string& module) {
 bool frozen_part(const std::string& name, const MultimodalConfig& mm, const TrainConfig& c) {
   for (const auto& m : mm.vision_tower) if (c.freeze_vit && under(name, m)) return true;
   for (const auto& m : mm.aligner) if (c.freeze_aligner && under(name, m)) return true;
-  return c.freeze_llm && under(name, mm.language_model);
+  if (!mm.language_model.empty()) return c.freeze_llm && under(name, mm.language_model);
+  return c.freeze_llm && [&] {  // the language model's model / lm_head sit at the top beside the vision parts
+    for (const auto& m : mm.vision_tower) if (under(name, m)) return false;
+    for (const auto& m : mm.aligner) if (under(name, m)) return false;
+    return true;
+  }();
 }
 
 // LoRA on a vision-language model: the aligner (unless frozen) and the vision tower (when not frozen) train in
@@ -275,6 +280,7 @@ at::Tensor Trainer::forward_loss(const Batch& batch, at::Tensor* correct, nn::Ch
   } else if (batch.pixel_values.defined()) {
     options.pixel_values = batch.pixel_values.to(device);
   }
+  options.image_grid_thw = batch.image_grid_thw;  // [N, 3] with variable-size images (M-RoPE positions too)
   const at::Tensor ids = batch.input_ids.to(device);
   const at::Tensor labels = batch.labels.to(device).reshape({-1});  // [B*T]
   // Mixture of experts with output_router_logits: the load-balancing loss joins the objective (as transformers).
@@ -397,7 +403,7 @@ StepResult Trainer::step(const ChunkedBatch& batch, int64_t global_step, int64_t
     for (const Batch& chunk : chunks) {
       if (!chunk.pixel_values.defined()) continue;
       AutocastScope autocast(config_.bf16, model_->device());
-      features[&chunk] = model_->vision()->encode(chunk.pixel_values.to(model_->device()));
+      features[&chunk] = model_->vision()->encode(chunk.pixel_values.to(model_->device()), chunk.image_grid_thw);
     }
   }
   const ChunkLossFn loss = [&](const Batch& chunk, nn::ChunkKV* state, bool need_loss) {

@@ -31,19 +31,29 @@ struct CheckedCount {
   }
 };
 
-/// What a vision-language model adds around its language model (LLaVA: vision tower -> aligner -> LLM): where
-/// each part lives in the module tree (Hugging Face's module paths, so freezing and LoRA targets speak the
-/// checkpoint's names), how images enter the token sequence, and how the family builds its vision encoder.
+/// What a vision-language model adds around its language model (LLaVA: vision tower -> aligner -> LLM; Qwen2-VL:
+/// visual.{patch_embed, blocks} -> visual.merger -> LLM): where each part lives in the module tree (Hugging Face's
+/// module paths, so freezing and LoRA targets speak the checkpoint's names), how images enter the token sequence,
+/// and how the family builds its vision encoder. How many tokens an image becomes is the image processor's to
+/// say (vision::ImageProcessor); image_seq_length is only the fixed count of families that have one.
 struct MultimodalConfig {
-  std::string language_model = "language_model";                 // module path of the language model
+  /// Module path of the language model; "" when its `model` and `lm_head` sit at the top (Qwen2-VL).
+  std::string language_model = "language_model";
   std::vector<std::string> vision_tower = {"vision_tower"};       // module paths frozen by freeze_vit
   std::vector<std::string> aligner = {"multi_modal_projector"};   // module paths frozen by freeze_aligner
   int64_t image_token_index = -1;  // the id whose positions receive image features
-  int64_t image_seq_length = 0;    // language-model positions (features) per image
-  int64_t image_size = 0;          // the square input resolution the vision tower takes
+  /// What each image placeholder ("<image>") becomes in the rendered text before tokenising: the family's own
+  /// markup, holding the image token once (Qwen2-VL: "<|vision_start|><|image_pad|><|vision_end|>").
+  std::string image_markup = "<image>";
+  int64_t image_seq_length = 0;    // fixed-count families (LLaVA-1.5): features per image; 0: per image
+  int64_t image_size = 0;          // fixed-size families: the square input resolution; 0: any size
   int64_t num_channels = 3;
+  /// M-RoPE families: the token that opens an image (vision_start_token_id) and the side of the patch blocks
+  /// merged into one token (spatial_merge_size): image tokens get (t, h, w) positions from image_grid_thw.
+  int64_t vision_start_token_id = -1;
+  int64_t spatial_merge_size = 1;
   /// Builds the family's vision encoder (uninitialised weights; load_weights fills them). Its child modules are
-  /// registered at the top of the model under their own names (vision_tower, multi_modal_projector).
+  /// registered at the top of the model under their own names (vision_tower, multi_modal_projector; visual).
   std::function<std::shared_ptr<VisionEncoderImpl>()> make_encoder;
   /// Parameters of the vision tower and aligner, for parameter_count() and the size checks.
   int64_t parameter_count = 0;

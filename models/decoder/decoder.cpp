@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -352,8 +353,10 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
   torch::nn::Module* lm_parent = this;
   if (config_.multimodal) {
     TORCH_CHECK(config_.multimodal->make_encoder, "multimodal config without a vision encoder factory");
-    auto part = register_module(config_.multimodal->language_model, LanguageModelPart());
-    lm_parent = part.get();
+    if (!config_.multimodal->language_model.empty()) {
+      auto part = register_module(config_.multimodal->language_model, LanguageModelPart());
+      lm_parent = part.get();
+    }
     vision_ = config_.multimodal->make_encoder();
     for (const auto& child : vision_->named_children()) register_module(child.key(), child.value());
   }
@@ -381,11 +384,23 @@ at::Tensor CausalLMImpl::scale_inputs(const at::Tensor& embeddings) const {
 }
 
 std::string CausalLMImpl::language_model_prefix() const {
-  return config_.multimodal ? config_.multimodal->language_model + "." : std::string();
+  return config_.multimodal && !config_.multimodal->language_model.empty() ? config_.multimodal->language_model + "."
+                                                                           : std::string();
+}
+
+bool CausalLMImpl::in_language_model(const std::string& path) const {
+  if (!vision_) return true;
+  const std::string prefix = language_model_prefix();
+  if (!prefix.empty()) return path.compare(0, prefix.size(), prefix) == 0;
+  for (const auto& child : vision_->named_children()) {
+    const std::string& name = child.key();
+    if (path == name || path.compare(0, name.size() + 1, name + ".") == 0) return false;
+  }
+  return true;
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pixel_values,
-                               const at::Tensor& image_features) {
+                               const at::Tensor& image_features, const at::Tensor& image_grid_thw) {
   if (!config_.multimodal) {
     if (pixel_values.defined() || image_features.defined()) {
       fail<ModelError>("images were given, but the {} model is a text model (no vision encoder)", config_.model_type);
@@ -402,18 +417,97 @@ at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids, const at::Tensor& pi
   // No images (every decode step): nothing to place, and no host sync to count positions.
   if (images == 0) return h;
   const int64_t slots = is_image.sum().item<int64_t>();
-  const int64_t per_image = config_.multimodal->image_seq_length;
-  if (slots != images * per_image) {
-    fail<ModelError>("the input holds {} image-token positions (id {}), but {} image{} of {} features each were given "
-                     "({} positions expected): each image is one run of {} ids", slots, image_id, images,
-                     images == 1 ? "" : "s", per_image, images * per_image, per_image);
+  const int64_t expected = image_features.defined()
+                               ? (image_features.dim() == 3 ? image_features.size(0) * image_features.size(1)
+                                                            : image_features.size(0))
+                               : vision_->feature_rows(pixel_values, image_grid_thw);
+  if (slots != expected) {
+    const int64_t count = image_grid_thw.defined() ? image_grid_thw.size(0) : images;
+    fail<ModelError>("the input holds {} image-token positions (id {}), but the {} image{} given take {} positions: "
+                     "each image is one run of as many ids as it has features", slots, image_id, count,
+                     count == 1 ? "" : "s", expected);
   }
-  const at::Tensor features =
-      image_features.defined() ? image_features : vision_->encode(pixel_values.to(h.device()));  // [N, F, D]
-  TORCH_CHECK(features.dim() == 3 && features.size(1) == per_image && features.size(2) == h.size(2),
-              "vision encoder returned ", features.sizes());
+  const at::Tensor features = image_features.defined()
+                                  ? image_features
+                                  : vision_->encode(pixel_values.to(h.device()), image_grid_thw);  // [N, F, D] | [M, D]
+  TORCH_CHECK((features.dim() == 3 || features.dim() == 2) && features.size(-1) == h.size(2) &&
+                  features.numel() == expected * h.size(2),
+              "vision encoder returned ", features.sizes(), " for ", expected, " positions");
   // Row-major order of the image positions is the order of the images.
   return h.masked_scatter(is_image.unsqueeze(-1).expand_as(h), features.to(h.scalar_type()).reshape({-1, h.size(2)}));
+}
+
+std::pair<at::Tensor, std::vector<int64_t>> mrope_positions(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                                                            const at::Tensor& key_valid, const at::Tensor& segment_ids,
+                                                            int64_t image_token, int64_t merge) {
+  TORCH_CHECK(input_ids.dim() == 2 && merge >= 1, "mrope_positions: input_ids must be [B, T]");
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  const at::Tensor ids = input_ids.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor valid = key_valid.defined() ? key_valid.to(at::kCPU, at::kBool).contiguous() : at::Tensor();
+  const at::Tensor segments = segment_ids.defined() ? segment_ids.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+  const at::Tensor grids = image_grid_thw.defined() ? image_grid_thw.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+  const int64_t n_images = grids.defined() ? grids.size(0) : 0;
+  TORCH_CHECK(!grids.defined() || (grids.dim() == 2 && grids.size(1) == 3), "image_grid_thw must be [N, 3], got ",
+              grids.sizes());
+  TORCH_CHECK(!valid.defined() || valid.size(-1) >= T, "key_valid is shorter than input_ids");
+  TORCH_CHECK(!segments.defined() || segments.size(-1) >= T, "segment_ids is shorter than input_ids");
+  at::Tensor out = at::ones({3, B, T}, at::kLong);
+  int64_t* p = out.data_ptr<int64_t>();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* grid = grids.defined() ? grids.data_ptr<int64_t>() : nullptr;
+  // key_valid and segment_ids may be longer than T (keys of a cache): the last T columns are this forward's.
+  const int64_t valid_offset = valid.defined() ? valid.size(-1) - T : 0;
+  const int64_t segment_offset = segments.defined() ? segments.size(-1) - T : 0;
+  std::vector<int64_t> deltas(static_cast<size_t>(B), 0);
+  int64_t image = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t n = 0, max_pos = -1, segment = std::numeric_limits<int64_t>::min();
+    int64_t t = 0;
+    while (t < T) {
+      if (valid.defined() && !valid.data_ptr<bool>()[b * valid.size(-1) + valid_offset + t]) {
+        ++t;
+        continue;
+      }
+      if (segments.defined()) {
+        const int64_t s = segments.data_ptr<int64_t>()[b * segments.size(-1) + segment_offset + t];
+        if (s != segment) n = 0;
+        segment = s;
+      }
+      if (id[b * T + t] != image_token) {
+        for (int64_t a = 0; a < 3; ++a) p[(a * B + b) * T + t] = n;
+        max_pos = std::max(max_pos, n);
+        ++n;
+        ++t;
+        continue;
+      }
+      if (image >= n_images) {
+        fail<ModelError>("row {} holds an image-token run at position {}, but only {} image grid{} were given", b, t,
+                         n_images, n_images == 1 ? "" : "s");
+      }
+      const int64_t gt = grid[image * 3], gh = grid[image * 3 + 1] / merge, gw = grid[image * 3 + 2] / merge;
+      const int64_t tokens = gt * gh * gw;
+      for (int64_t k = 0; k < tokens; ++k) {
+        if (t + k >= T || id[b * T + t + k] != image_token) {
+          fail<ModelError>("image {} (grid {}x{}x{}) takes {} tokens, but row {} has a run of {} image tokens at "
+                           "position {}", image, gt, gh * merge, gw * merge, tokens, b, k, t);
+        }
+        const int64_t frame = k / (gh * gw), i = (k / gw) % gh, j = k % gw;
+        p[(0 * B + b) * T + t + k] = n + frame;
+        p[(1 * B + b) * T + t + k] = n + i;
+        p[(2 * B + b) * T + t + k] = n + j;
+        max_pos = std::max(max_pos, n + std::max({frame, i, j}));
+      }
+      n += std::max({gt, gh, gw});
+      t += tokens;
+      ++image;
+    }
+    deltas[static_cast<size_t>(b)] = max_pos + 1 - T;
+  }
+  if (image != n_images) {
+    fail<ModelError>("{} image grid{} given, but the input holds {} image-token run{}", n_images,
+                     n_images == 1 ? "" : "s", image, image == 1 ? "" : "s");
+  }
+  return {out.to(input_ids.device()), deltas};
 }
 
 bool CausalLMImpl::has_packed_weights() const {
@@ -432,6 +526,46 @@ nn::KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
                      at::TensorOptions().dtype(dtype()).device(device()));
 }
 
+at::Tensor CausalLMImpl::mrope_forward_positions(const at::Tensor& input_ids, const at::Tensor& positions,
+                                                 const ForwardOptions& options) {
+  nn::KVCache* cache = options.cache;
+  const int64_t B = input_ids.size(0);
+  const auto storage_row = [&](int64_t b) { return cache->per_row() ? cache->rows[static_cast<size_t>(b)] : b; };
+  const auto starts = [&](int64_t b) {
+    return cache->per_row() ? cache->lengths[static_cast<size_t>(b)] == 0 : cache->length == 0;
+  };
+  const bool has_images = options.image_grid_thw.defined() && options.image_grid_thw.size(0) > 0;
+  const bool from_ids = (cache == nullptr || [&] {
+    for (int64_t b = 0; b < B; ++b) if (!starts(b)) return false;
+    return true;
+  }()) && options.chunk == nullptr && (has_images || options.position_ids.defined() == false);
+  if (!from_ids) {
+    // Text after a filled cache (decode, chunked prefill): the cache index plus the row's offset on every axis.
+    if (cache == nullptr || cache->position_offsets.empty()) return positions;
+    std::vector<int64_t> offsets(static_cast<size_t>(B), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t row = storage_row(b);
+      if (row < static_cast<int64_t>(cache->position_offsets.size())) {
+        offsets[static_cast<size_t>(b)] = cache->position_offsets[static_cast<size_t>(row)];
+      }
+    }
+    return positions + at::tensor(offsets, at::kLong).to(positions.device()).view({B, 1});
+  }
+  TORCH_CHECK(config_.multimodal || !has_images, "M-RoPE images on a model without a vision encoder");
+  const int64_t image_id = config_.multimodal ? config_.multimodal->image_token_index : -1;
+  const int64_t merge = config_.multimodal ? config_.multimodal->spatial_merge_size : 1;
+  auto [out, deltas] = mrope_positions(input_ids, options.image_grid_thw, options.key_valid, options.segment_ids,
+                                       image_id, merge);
+  if (cache != nullptr) {
+    for (int64_t b = 0; b < B; ++b) {
+      const auto row = static_cast<size_t>(storage_row(b));
+      if (cache->position_offsets.size() <= row) cache->position_offsets.resize(row + 1, 0);
+      cache->position_offsets[row] = deltas[static_cast<size_t>(b)];
+    }
+  }
+  return out;
+}
+
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const ForwardOptions& options) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
@@ -442,6 +576,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
                                                   : 0;
   const at::Device dev = input_ids.device();
   at::Tensor positions = options.position_ids;
+  const bool mrope = !config_.rope_scaling.mrope_section.empty();
   if (per_row) {
     // Row b's new tokens sit at positions [lengths[b], lengths[b] + T) of its own sequence.
     TORCH_CHECK(static_cast<int64_t>(options.cache->rows.size()) == B, "KV cache rows do not match the batch of ", B);
@@ -452,6 +587,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
   } else if (!positions.defined()) {
     positions = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong).device(dev)).unsqueeze(0).expand({B, T});
   }
+  if (mrope && positions.dim() == 2) positions = mrope_forward_positions(input_ids, positions, options);
   at::Tensor h;  // [B, T, D]
   if (options.inputs_embeds.defined()) {
     TORCH_CHECK(options.inputs_embeds.dim() == 3 && options.inputs_embeds.size(0) == B &&
@@ -459,7 +595,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const Forwar
                 options.inputs_embeds.sizes());
     h = options.inputs_embeds;
   } else {
-    h = embed(input_ids, options.pixel_values, options.image_features);
+    h = embed(input_ids, options.pixel_values, options.image_features, options.image_grid_thw);
   }
   h = scale_inputs(h);
   const int64_t span = per_row ? options.cache->span(T) : past + T;

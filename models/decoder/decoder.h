@@ -20,14 +20,19 @@ struct ForwardOptions {
   nn::KVCache* cache = nullptr;  // when set, new K/V are written at [cache->length, +T) and the cache advances
   nn::ChunkKV* chunk = nullptr;  // ChunkFlow: attend to earlier chunks' K/V (past = chunk->past_length) and
                                  // hand this chunk's K/V back; not with `cache`
-  at::Tensor position_ids;       // [B, T] int64; default past + arange(T)
+  /// [B, T] int64; default past + arange(T). M-RoPE models (rope_scaling.mrope_section) also take [3, B, T]
+  /// (temporal, height, width); by default they compute them from input_ids and image_grid_thw (mrope_positions).
+  at::Tensor position_ids;
   at::Tensor key_valid;          // [B, past + T] bool: false on padding keys; undefined = all valid
   at::Tensor segment_ids;        // [B, past + T] int64: packed samples; tokens attend only within their segment
   bool last_token_only = false;  // compute logits for the last position only ([B, 1, V])
   /// Vision-language models: the images of this forward, [N, C, H, W] float, in row-major order of their
   /// image-token runs in input_ids (each image fills image_seq_length positions holding image_token_index).
   at::Tensor pixel_values;
-  /// [N, F, D]: the vision encoder's output for this forward's images, computed beforehand (used instead of
+  /// [N, 3] int64 (t, h, w in patches): the grids of this forward's images, for families whose images vary in
+  /// size (Qwen2-VL: pixel_values is then [sum of t h w, C T P P], the patches of every image in order).
+  at::Tensor image_grid_thw;
+  /// [N, F, D] (or [M, D], the rows of every image in order): the vision encoder's output for this forward's images, computed beforehand (used instead of
   /// pixel_values), so a forward that runs twice (ChunkFlow's recomputation) runs the vision tower once.
   at::Tensor image_features;
   /// [B, T, D]: used instead of looking input_ids up (and instead of pixel_values); input_ids still give B and T.
@@ -42,9 +47,25 @@ struct ForwardOptions {
 /// parameters carry the checkpoint's names.
 class VisionEncoderImpl : public torch::nn::Module {
  public:
-  /// pixel_values: [N, C, H, W] -> image features [N, F, D_lm] (F = image_seq_length) in the model dtype.
-  virtual at::Tensor encode(const at::Tensor& pixel_values) = 0;
+  /// The images of one forward -> their features in the model dtype: [N, F, D_lm] (LLaVA: pixel_values
+  /// [N, C, H, W], F = image_seq_length) or [M, D_lm], the features of every image in order (Qwen2-VL:
+  /// pixel_values [patches, C T P P] with image_grid_thw [N, 3]). Throws ModelError on inputs of the wrong shape.
+  virtual at::Tensor encode(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw = {}) = 0;
+  /// How many language-model positions the images take (the rows encode returns), computed from shapes only.
+  /// Throws ModelError when the shapes do not fit the encoder.
+  virtual int64_t feature_rows(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const = 0;
 };
+
+/// M-RoPE position ids (Hugging Face's get_rope_index for images): per row, text tokens get (n, n, n) and n
+/// advances by one; a run of image tokens takes the next grid of `image_grid_thw` [N, 3] (t, h, w in patches; its
+/// t h w / merge^2 tokens) and the token at merged (i, j) gets (n, n + i, n + j), then n advances by
+/// max(h, w) / merge. Invalid positions (`key_valid` false; may be undefined) get 1 on every axis; `segment_ids`
+/// (may be undefined) restart the count at each new segment (packed samples). Returns positions [3, B, T] int64
+/// on the device of input_ids and rope_deltas [B] (max position + 1 - T, Hugging Face's rule for decode
+/// positions). Throws ModelError when the image tokens do not match the grids in number.
+std::pair<at::Tensor, std::vector<int64_t>> mrope_positions(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                                                            const at::Tensor& key_valid, const at::Tensor& segment_ids,
+                                                            int64_t image_token, int64_t merge);
 
 /// Linear layers of one decoder block that read the same input, in forward order, each with its module path
 /// inside the block (self_attn.q_proj, ...): GPTQ quantizes a block group by group.
@@ -167,14 +188,17 @@ class CausalLMImpl : public torch::nn::Module {
   /// (row-major) replaced by the vision encoder's features -> [B, T, D]. Throws ModelError when the model has no
   /// vision encoder, or the image positions are not N * image_seq_length.
   at::Tensor embed(const at::Tensor& input_ids, const at::Tensor& pixel_values = {},
-                   const at::Tensor& image_features = {});
+                   const at::Tensor& image_features = {}, const at::Tensor& image_grid_thw = {});
   /// What the decoder body does to its input embeddings [B, T, D] before the first layer: scales them by
   /// embedding_multiplier (Gemma), cast to their dtype as Hugging Face does; the identity otherwise.
   at::Tensor scale_inputs(const at::Tensor& embeddings) const;
   /// The vision encoder (null for text models).
   const std::shared_ptr<VisionEncoderImpl>& vision() const { return vision_; }
-  /// Module-path prefix of the language model: "" for text models, "language_model." for LLaVA.
+  /// Module-path prefix of the language model: "" for text models and Qwen2-VL, "language_model." for LLaVA.
   std::string language_model_prefix() const;
+  /// Whether the module or parameter at `path` belongs to the language model (not to the vision encoder's
+  /// modules): what LoRA's target names and quantization select from.
+  bool in_language_model(const std::string& path) const;
 
   /// input_ids: [B, T] int64 -> logits [B, T, V] (or [B, 1, V] with last_token_only), in the model dtype.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardOptions& options = {});
@@ -210,6 +234,12 @@ class CausalLMImpl : public torch::nn::Module {
   nn::Linear lm_head{nullptr};  // null when tied
 
  private:
+  // M-RoPE positions [3, B, T] of a forward whose default or given positions are [B, T]: computed from the ids
+  // and image grids when the forward starts its sequences (and the offsets stored in the cache), else the
+  // positions plus each row's cache offset.
+  at::Tensor mrope_forward_positions(const at::Tensor& input_ids, const at::Tensor& positions,
+                                     const ForwardOptions& options);
+
   std::shared_ptr<VisionEncoderImpl> vision_;
   DecoderConfig config_;
   bool gradient_checkpointing_ = false;

@@ -172,7 +172,7 @@ TEST(GoldenLlava, GreedyGenerationWithAnImageEqualsTransformersGenerate) {
   GenerationConfig config;
   config.max_new_tokens = 8;
   config.sampling.temperature = 0;  // greedy
-  const auto out = gen.generate({prompt}, config, {}, {f.tensors.tensor("a_one_image.pixel_values")});
+  const auto out = gen.generate({prompt}, config, {}, {ImageInputs{f.tensors.tensor("a_one_image.pixel_values"), {}}});
   std::vector<int64_t> expected;
   for (const auto& v : f.ref["greedy_generate_a_one_image"]["new_ids"]) expected.push_back(v.get<int64_t>());
   EXPECT_EQ(out.at(0).new_ids, expected);
@@ -341,7 +341,7 @@ TEST(GoldenLlava, TokensBeyondTheTokenizerDecodeToNothingInGeneration) {
   config.max_new_tokens = 6;
   config.sampling.temperature = 0;
   const auto out = gen.generate({std::vector<int64_t>(p.ids.begin(), p.ids.end())}, config, {},
-                                {at::stack(p.pixel_values)});
+                                {p.batched_images()});
   std::vector<int> known;
   for (int64_t id : out[0].new_ids) {
     if (id < 512) known.push_back(static_cast<int>(id));

@@ -251,7 +251,7 @@ TEST(EvalImagesScoring, GenerationEqualsHandGreedyWithImages) {
       if (t.tokenizer->is_eos(static_cast<int>(next))) break;
     }
     // The generator alone on this prompt gives those ids; the evaluator's batched response is its text.
-    const auto single = generator.generate({prompt}, config, {}, {pixels});
+    const auto single = generator.generate({prompt}, config, {}, {ImageInputs{pixels, {}}});
     EXPECT_EQ(single[0].new_ids, greedy) << "item " << i;
     EXPECT_EQ(r.samples[i]["response"].get<std::string>(), single[0].text) << "item " << i;
     EXPECT_EQ(r.samples[i]["exact_match"]["none"].get<int>(), single[0].text == item.target ? 1 : 0);

@@ -44,7 +44,35 @@ TEST(Registry, ListsTheFamilies) {
   std::vector<std::string> types;
   for (const auto& spec : architectures()) types.push_back(spec.model_type);
   EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "starcoder2", "phi",
-                                             "phi3", "mixtral", "qwen2_moe", "llava"}));
+                                             "phi3", "mixtral", "qwen2_moe", "llava", "qwen2_vl",
+                                             "qwen2_5_vl"}));
+}
+
+TEST(Registry, Qwen2VLConfigErrorsNameTheKey) {
+  const fs::path dir = test::temp_dir("registry_qwen2_vl");
+  const auto config_with = [&](const std::string& rope, const std::string& vision) {
+    write_file_atomic(dir / "config.json", "{\"model_type\": \"qwen2_vl\", \"vocab_size\": 64, \"hidden_size\": 64, "
+                      "\"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                      "\"num_key_value_heads\": 2" + rope + ", \"vision_config\": {" + vision + "}}");
+  };
+  // Qwen's own spelling ("type": "mrope") and transformers' ("default") both mean M-RoPE.
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}", "\"hidden_size\": 64");
+  const DecoderConfig ok = load_decoder_config(dir);
+  EXPECT_EQ(ok.rope_scaling.mrope_section, (std::vector<int64_t>{2, 3, 3}));
+  EXPECT_EQ(ok.rope_scaling.type, "default");
+  EXPECT_EQ(ok.multimodal->image_token_index, 151655);  // the class default
+  config_with("", "\"hidden_size\": 64");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"mrope_section"});
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 4]}", "\"hidden_size\": 64");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"mrope_section", "head_dim"});
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}", "\"hidden_size\": 48");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"vision_config.hidden_size", "48"});
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}",
+              "\"hidden_size\": 64, \"embed_dim\": 30, \"num_heads\": 4");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"vision width 30"});
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}",
+              "\"hidden_size\": 64, \"depth\": -1");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"vision_config.depth"});
 }
 
 TEST(Registry, LlavaConfigErrorsNameTheKey) {

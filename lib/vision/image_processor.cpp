@@ -1,0 +1,111 @@
+#include "vision/image_processor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "vision/processor.h"
+#include "vision/qwen2_vl_processor.h"
+
+namespace swiftcpp::vision {
+
+namespace {
+
+class ClipProcessor final : public ImageProcessor {
+ public:
+  ClipProcessor(ImageProcessorConfig config, int64_t tokens) : config_(std::move(config)), tokens_(tokens) {}
+  std::string type() const override { return "CLIPImageProcessor"; }
+  bool variable_size() const override { return false; }
+  ProcessedImage process(const Image& image, int64_t max_pixels) const override {
+    ProcessedImage out;
+    out.pixel_values = preprocess_image(image, config_, max_pixels);  // [C, H, W]
+    out.tokens = tokens_;
+    return out;
+  }
+  std::string fingerprint() const override {
+    const ImageProcessorConfig& p = config_;
+    // Doubles in their shortest exact form ({}), so equal settings always give equal text.
+    return fmt::format("clip;tokens={};resize={}:{}:{}x{}:{};crop={}:{}x{};rescale={}:{};normalize={}:{}:{};rgb={}",
+                       tokens_, p.do_resize, p.shortest_edge, p.resize_height, p.resize_width,
+                       static_cast<int>(p.resample), p.do_center_crop, p.crop_height, p.crop_width, p.do_rescale,
+                       p.rescale_factor, p.do_normalize, fmt::join(p.image_mean, ","), fmt::join(p.image_std, ","),
+                       p.do_convert_rgb);
+  }
+
+ private:
+  ImageProcessorConfig config_;
+  int64_t tokens_;
+};
+
+class Qwen2VLProcessor final : public ImageProcessor {
+ public:
+  explicit Qwen2VLProcessor(Qwen2VLProcessorConfig config) : config_(std::move(config)) {}
+  std::string type() const override { return "Qwen2VLImageProcessor"; }
+  bool variable_size() const override { return true; }
+  ProcessedImage process(const Image& image, int64_t max_pixels) const override {
+    // The resized image is at most config max_pixels (plus rounding) pixels; the decoded one was bounded by the
+    // caller's max_pixels before decoding.
+    (void)max_pixels;
+    Qwen2VLImage q = preprocess_qwen2_vl(image, config_);
+    ProcessedImage out;
+    out.pixel_values = std::move(q.pixel_values);  // [patches, C T P P]
+    out.grid_thw = {q.grid_t, q.grid_h, q.grid_w};
+    out.tokens = q.tokens();
+    return out;
+  }
+  std::string fingerprint() const override {
+    const Qwen2VLProcessorConfig& p = config_;
+    return fmt::format("qwen2_vl;pixels={}..{};patch={}x{}x{};resize={}:{};rescale={}:{};normalize={}:{}:{}",
+                       p.min_pixels, p.max_pixels, p.patch_size, p.temporal_patch_size, p.merge_size, p.do_resize,
+                       static_cast<int>(p.resample), p.do_rescale, p.rescale_factor, p.do_normalize,
+                       fmt::join(p.image_mean, ","), fmt::join(p.image_std, ","));
+  }
+
+ private:
+  Qwen2VLProcessorConfig config_;
+};
+
+}  // namespace
+
+std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model_dir, int64_t fixed_tokens,
+                                                           const ImageProcessorOverrides& overrides) {
+  const fs::path path = model_dir / "preprocessor_config.json";
+  if (!fs::exists(path)) {
+    fail<IoError>("'{}' not found: a vision-language model folder needs the preprocessor_config.json of its image "
+                  "processor", path.string());
+  }
+  const JsonObject json = JsonObject::load(path);
+  const std::string type = json.get_or<std::string>("image_processor_type", "CLIPImageProcessor");
+  if (type == "Qwen2VLImageProcessor") {
+    Qwen2VLProcessorConfig config = parse_qwen2_vl_processor_config(json);
+    const auto check = [&](const std::optional<int64_t>& v, const char* name) {
+      if (v && (*v < 1 || *v > kMaxQwen2VLPixels)) {
+        fail<ConfigError>("{} must be in [1, {}], got {}", name, kMaxQwen2VLPixels, *v);
+      }
+    };
+    check(overrides.min_pixels, "min_pixels");
+    check(overrides.max_pixels, "max_pixels");
+    if (overrides.min_pixels) config.min_pixels = *overrides.min_pixels;
+    if (overrides.max_pixels) config.max_pixels = *overrides.max_pixels;
+    if (config.min_pixels > config.max_pixels) {
+      fail<ConfigError>("{}: min_pixels {} is larger than max_pixels {} (after the recipe's or command line's "
+                        "overrides)", path.string(), config.min_pixels, config.max_pixels);
+    }
+    return std::make_shared<Qwen2VLProcessor>(config);
+  }
+  if (type != "CLIPImageProcessor") {
+    fail<ConfigError>("{}: image_processor_type '{}' is not supported (supported: CLIPImageProcessor, "
+                      "Qwen2VLImageProcessor)", path.string(), type);
+  }
+  if (overrides.min_pixels || overrides.max_pixels) {
+    fail<ConfigError>("{}: min_pixels / max_pixels apply to Qwen2-VL's image processor; CLIPImageProcessor resizes "
+                      "every image to one size", path.string());
+  }
+  if (fixed_tokens < 1) {
+    fail<ConfigError>("{}: CLIPImageProcessor needs a model with a fixed number of tokens per image", path.string());
+  }
+  return std::make_shared<ClipProcessor>(parse_image_processor_config(json), fixed_tokens);
+}
+
+}  // namespace swiftcpp::vision
