@@ -26,6 +26,8 @@ struct ModelOptions {
   std::string chat_template;  // empty: the checkpoint's; "raw": none
   std::string device = "cpu";
   std::string dtype = "float32";
+  int64_t max_pixels = 0;  // Qwen2-VL image processor overrides (0: preprocessor_config.json's)
+  int64_t min_pixels = 0;
 
   /// What ModelSession::open takes. Throws ConfigError for a bad device or dtype name.
   SessionOptions session() const;

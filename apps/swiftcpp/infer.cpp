@@ -315,7 +315,7 @@ int run_infer(const InferOptions& o) {
             << std::endl;
   Generator gen(model, tokenizer);
   if (!model->config().multimodal && !o.images.empty()) {
-    fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA", o.m.model,
+    fail<ConfigError>("--image: {} is a text model ({}); images need a vision-language model such as LLaVA or Qwen2-VL", o.m.model,
                       model->config().model_type);
   }
   const std::vector<fs::path> images(o.images.begin(), o.images.end());
@@ -355,6 +355,8 @@ SessionOptions ModelOptions::session() const {
   open.load.device = parse_device(device);
   open.load.dtype = parse_dtype(dtype);
   open.load.quantized_kernels = true;  // infer and deploy only run the model
+  if (max_pixels > 0) open.images.max_pixels = max_pixels;
+  if (min_pixels > 0) open.images.min_pixels = min_pixels;
   return open;
 }
 
@@ -371,6 +373,11 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
                   "checkpoint's, raw text when it has none");
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "float32, bfloat16 or float16")->capture_default_str();
+  cmd->add_option("--max-pixels", o.max_pixels, "Qwen2-VL: the image processor's max_pixels, over "
+                  "preprocessor_config.json's (ms-swift's MAX_PIXELS)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  cmd->add_option("--min-pixels", o.min_pixels, "Qwen2-VL: the image processor's min_pixels")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
 }
 
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {

@@ -112,42 +112,43 @@ void Evaluator::check(const Task& task) {
     fail<ConfigError>("task {}: images need the model folder (its preprocessor_config.json) to prepare them",
                       task.name);
   }
-  const std::vector<int> ids = tokenizer_->encode_with_special_tokens(std::string(kImagePlaceholder));
-  if (ids != std::vector<int>{static_cast<int>(mm->image_token_index)}) {
-    fail<ConfigError>("task {}: the tokenizer of {} does not encode '{}' to the model's image token {} "
-                      "(image_token_index) but to {} token(s); add it to the tokenizer's added tokens", task.name,
-                      options_.model_dir.string(), kImagePlaceholder, mm->image_token_index, ids.size());
+  const std::vector<int> ids = tokenizer_->encode_with_special_tokens(mm->image_markup);
+  if (std::count(ids.begin(), ids.end(), static_cast<int>(mm->image_token_index)) != 1) {
+    fail<ConfigError>("task {}: the tokenizer of {} does not encode the image markup '{}' to the model's image token "
+                      "{} (image_token_index) once but to [{}]; add it to the tokenizer's added tokens", task.name,
+                      options_.model_dir.string(), mm->image_markup, mm->image_token_index, fmt::join(ids, ", "));
   }
-  if (mm->image_seq_length < 1) {
-    fail<ConfigError>("task {}: eval's image tasks take fixed-count image models (LLaVA) so far; {} gives each image "
-                      "its own token count", task.name, model_->config().model_type);
-  }
-  images_ = std::make_shared<const ImageEncoding>(make_image_encoding(options_.model_dir, *mm));
+  images_ = std::make_shared<const ImageEncoding>(make_image_encoding(options_.model_dir, *mm, options_.image_overrides));
 }
 
-std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, size_t images, const std::string& source) const {
+std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const std::vector<fs::path>& files,
+                                              const std::string& source) const {
   const MultimodalConfig* mm = model_->config().multimodal.get();
   if (mm == nullptr) return ids;
   const int64_t image_id = mm->image_token_index;
   const auto tokens = std::count(ids.begin(), ids.end(), image_id);
-  if (tokens != static_cast<std::ptrdiff_t>(images)) {
+  if (tokens != static_cast<std::ptrdiff_t>(files.size())) {
     fail<FormatError>("{}: the prompt encodes to {} image token(s) ({}) for {} image(s)", source, tokens,
-                      kImagePlaceholder, images);
+                      kImagePlaceholder, files.size());
   }
-  if (images == 0) return ids;
+  if (files.empty()) return ids;
+  // Fixed-count families know each image's positions; others read the image (again when it is scored).
+  std::vector<int64_t> counts(files.size(), mm->image_seq_length);
+  if (mm->image_seq_length < 1) counts = load_images(files, source).tokens;
   std::vector<int64_t> out;
-  out.reserve(ids.size() + images * static_cast<size_t>(mm->image_seq_length - 1));
+  size_t image = 0;
   for (int64_t id : ids) {
-    if (id == image_id) out.insert(out.end(), static_cast<size_t>(mm->image_seq_length), id);
+    if (id == image_id) out.insert(out.end(), static_cast<size_t>(counts[image++]), id);
     else out.push_back(id);
   }
   return out;
 }
 
-at::Tensor Evaluator::load_images(const std::vector<fs::path>& files, const std::string& source) const {
+Evaluator::LoadedImages Evaluator::load_images(const std::vector<fs::path>& files, const std::string& source) const {
   if (files.empty()) return {};
   if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
-  std::vector<at::Tensor> out;
+  Sample out;
+  LoadedImages loaded;
   for (const fs::path& file : files) {
     // The decoder's message names the file; the item's data file:line is put in front.
     auto where = [&](const Error& e) {
@@ -156,14 +157,31 @@ at::Tensor Evaluator::load_images(const std::vector<fs::path>& files, const std:
                                                            : fmt::format("{}: {}", source, what);
     };
     try {
-      out.push_back(process_image_file(file, *images_).pixel_values);  // [C, H, W]
+      vision::ProcessedImage image = process_image_file(file, *images_);
+      out.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
+      if (images_->processor->variable_size()) out.image_grids.push_back(image.grid_thw);
+      loaded.tokens.push_back(image.tokens);
     } catch (const IoError& e) {
       fail<IoError>("{}", where(e));
     } catch (const FormatError& e) {
       fail<FormatError>("{}", where(e));
     }
   }
-  return at::stack(out);  // [N, C, H, W]
+  loaded.inputs = batch_images({&out});
+  return loaded;
+}
+
+std::string Evaluator::image_markup(std::string text) const {
+  const MultimodalConfig* mm = model_->config().multimodal.get();
+  if (mm == nullptr || mm->image_markup == kImagePlaceholder) return text;
+  std::string out;
+  size_t from = 0;
+  for (size_t at = text.find(kImagePlaceholder); at != std::string::npos; at = text.find(kImagePlaceholder, from)) {
+    out.append(text, from, at - from);
+    out += mm->image_markup;
+    from = at + kImagePlaceholder.size();
+  }
+  return out.append(text, from, std::string::npos);
 }
 
 std::string Evaluator::prompt_text(const std::string& context) const {
@@ -190,8 +208,8 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
   for (const ChoiceItem& item : task.choice_items) {
     std::vector<std::string> continuations;
     for (const auto& choice : item.choices) continuations.push_back(item.delimiter + choice);
-    requests.push_back(encode_request(prompt_text(item.context), continuations));
-    requests.back().context = expand_images(std::move(requests.back().context), item.images.size(), item.source);
+    requests.push_back(encode_request(image_markup(prompt_text(item.context)), continuations));
+    requests.back().context = expand_images(std::move(requests.back().context), item.images, item.source);
     for (size_t j = 0; j < item.choices.size(); ++j) {
       if (requests.back().continuations[j].empty()) {
         fail<FormatError>("{}: the choice \"{}\" encodes to no tokens after its context", item.source, item.choices[j]);
@@ -212,11 +230,13 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
     for (size_t start = 0; start < requests.size(); start += kImageItemsPerChunk) {
       const size_t end = std::min(requests.size(), start + kImageItemsPerChunk);
       for (size_t i = start; i < end; ++i) {
-        requests[i].pixel_values = load_images(task.choice_items[i].images, task.choice_items[i].source);
+        const LoadedImages loaded = load_images(task.choice_items[i].images, task.choice_items[i].source);
+        requests[i].pixel_values = loaded.inputs.pixel_values;
+        requests[i].image_grid_thw = loaded.inputs.image_grid_thw;
       }
       const std::vector<LoglikelihoodRequest> chunk(requests.begin() + static_cast<std::ptrdiff_t>(start),
                                                     requests.begin() + static_cast<std::ptrdiff_t>(end));
-      for (size_t i = start; i < end; ++i) requests[i].pixel_values = at::Tensor();
+      for (size_t i = start; i < end; ++i) requests[i].pixel_values = requests[i].image_grid_thw = at::Tensor();
       auto part = scorer_.score(chunk, [&](size_t done) {
         if (progress) progress(static_cast<int64_t>(start + done), r.items);
       });
@@ -301,9 +321,9 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
   // Prompts cut from the left to max_length - max_new_tokens tokens, as lm-eval does.
   std::vector<std::vector<int64_t>> prompts;
   for (const auto& item : task.generation_items) {
-    std::vector<int64_t> ids = encode(prompt_text(item.context));
+    std::vector<int64_t> ids = encode(image_markup(prompt_text(item.context)));
     if (ids.empty()) fail<FormatError>("{}: the prompt encodes to no tokens", item.source);
-    ids = expand_images(std::move(ids), item.images.size(), item.source);
+    ids = expand_images(std::move(ids), item.images, item.source);
     if (static_cast<int64_t>(ids.size()) > budget) {
       const auto cut_end = ids.end() - budget;
       if (!item.images.empty() && std::find(ids.begin(), cut_end, model_->config().multimodal->image_token_index) != cut_end) {
@@ -336,7 +356,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
     for (size_t i = start; i < end; ++i) {
       batch.push_back(prompts[order[i]]);
       const GenerationItem& item = task.generation_items[order[i]];
-      if (task.has_images) images.push_back({load_images(item.images, item.source), at::Tensor()});
+      if (task.has_images) images.push_back(load_images(item.images, item.source).inputs);
     }
     auto out = generator.generate(batch, config, {}, images);
     for (size_t i = start; i < end; ++i) {

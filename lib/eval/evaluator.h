@@ -12,6 +12,8 @@
 #include "eval/metrics.h"
 #include "eval/scorer.h"
 #include "eval/tasks.h"
+#include "data/collate.h"
+#include "vision/image_processor.h"
 #include "models/decoder/decoder.h"
 
 namespace swiftcpp {
@@ -30,6 +32,7 @@ struct EvalOptions {
   bool log_samples = false;       // keep a JSON record per item
   bool keep_requests = false;     // keep the multiple-choice requests' token ids (for baselines and debugging)
   fs::path model_dir;             // tasks with images: the model folder, whose preprocessor_config.json prepares them
+  vision::ImageProcessorOverrides image_overrides;  // min_pixels / max_pixels over the folder's settings
 };
 
 /// One reported number. `level` is "task", "group" (MMLU category or the macro average) or "subtask" (subject).
@@ -91,11 +94,19 @@ class Evaluator {
   TaskResult run_generation(const Task& task, const EvalProgress& progress);
   TaskResult run_perplexity(const Task& task, const EvalProgress& progress);
   std::string prompt_text(const std::string& context) const;  // the chat template applied when set
-  // Vision-language models: context ids with each image token expanded to image_seq_length copies, after checking
-  // they hold one image token per image (FormatError naming `source`). Text models: the ids unchanged.
-  std::vector<int64_t> expand_images(std::vector<int64_t> ids, size_t images, const std::string& source) const;
-  // An item's images read and preprocessed: [N, C, H, W] float32 (undefined for none).
-  at::Tensor load_images(const std::vector<fs::path>& files, const std::string& source) const;
+  // Vision-language models: context ids with each image token expanded to as many copies as its image takes
+  // positions, after checking they hold one image token per image (FormatError naming `source`). Text models: the
+  // ids unchanged.
+  std::vector<int64_t> expand_images(std::vector<int64_t> ids, const std::vector<fs::path>& files,
+                                     const std::string& source) const;
+  // An item's images read and preprocessed, as a forward takes them, and the positions each takes.
+  struct LoadedImages {
+    ImageInputs inputs;
+    std::vector<int64_t> tokens;
+  };
+  LoadedImages load_images(const std::vector<fs::path>& files, const std::string& source) const;
+  // The text with each image placeholder replaced by the family's image markup (MultimodalConfig::image_markup).
+  std::string image_markup(std::string text) const;
 
   CausalLM model_;
   std::shared_ptr<const TextTokenizer> tokenizer_;

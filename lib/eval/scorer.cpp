@@ -73,14 +73,17 @@ std::vector<std::vector<ContinuationScore>> Scorer::score(const std::vector<Logl
                         model_->config().model_type);
     }
     if (mm != nullptr) {
-      if (has_pixels && r.pixel_values.dim() != 4) {
-        fail<ConfigError>("log-likelihood request {}: pixel values must be [N, C, H, W], got {} dimensions", i,
-                          r.pixel_values.dim());
+      int64_t expected = 0;
+      if (has_pixels) {
+        try {
+          expected = model_->vision()->feature_rows(r.pixel_values, r.image_grid_thw);
+        } catch (const ModelError& e) {
+          fail<ConfigError>("log-likelihood request {}: {}", i, e.what());
+        }
       }
-      const int64_t images = has_pixels ? r.pixel_values.size(0) : 0;
-      if (image_positions != images * mm->image_seq_length) {
-        fail<ConfigError>("log-likelihood request {}: the context holds {} image positions (id {}) for {} image(s) of "
-                          "{} positions each", i, image_positions, image_id, images, mm->image_seq_length);
+      if (image_positions != expected) {
+        fail<ConfigError>("log-likelihood request {}: the context holds {} image positions (id {}), but its images take "
+                          "{}", i, image_positions, image_id, expected);
       }
     }
     if (r.continuations.empty()) fail<ConfigError>("log-likelihood request {}: no continuations", i);
@@ -164,11 +167,13 @@ void Scorer::score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
   first.cache = cache ? &*cache : nullptr;
   first.position_ids = at::tensor(pos, at::kLong).view({B, Lc}).to(device);
   first.key_valid = key_valid.narrow(1, 0, Lc);
-  std::vector<at::Tensor> pixels;  // the batch's images in row order, matching the row-major order of their runs
+  std::vector<at::Tensor> pixels, grids;  // the batch's images in row order, matching the order of their runs
   for (const LoglikelihoodRequest* r : batch) {
     if (r->pixel_values.defined() && r->pixel_values.numel() > 0) pixels.push_back(r->pixel_values);
+    if (r->image_grid_thw.defined()) grids.push_back(r->image_grid_thw);
   }
-  if (!pixels.empty()) first.pixel_values = at::cat(pixels).to(device);  // [N, C, H, W]
+  if (!pixels.empty()) first.pixel_values = at::cat(pixels).to(device);  // [N, C, H, W] | [patches, C T P P]
+  if (!grids.empty()) first.image_grid_thw = at::cat(grids);              // [N, 3]
   const at::Tensor last_hidden = model_->hidden_states(at::tensor(ids, at::kLong).view({B, Lc}).to(device), first)
                                      .select(1, Lc - 1);  // [B, D]
 
@@ -226,6 +231,13 @@ void Scorer::score_batch(const std::vector<const LoglikelihoodRequest*>& batch,
   for (size_t l = 0; l < cache->keys.size(); ++l) {
     expanded.keys[l] = cache->keys[l].index_select(0, rows);
     expanded.values[l] = cache->values[l].index_select(0, rows);
+  }
+  if (!cache->position_offsets.empty()) {  // M-RoPE: each copied row keeps its context's offset
+    expanded.position_offsets.assign(static_cast<size_t>(R), 0);
+    for (int64_t r = 0; r < R; ++r) {
+      const auto b = static_cast<size_t>(row_of[static_cast<size_t>(r)]);
+      if (b < cache->position_offsets.size()) expanded.position_offsets[static_cast<size_t>(r)] = cache->position_offsets[b];
+    }
   }
   cache.reset();  // the copies are all pass 2 reads
   at::Tensor valid2 = key_valid.index_select(0, rows).clone();  // [R, Lc + T2]

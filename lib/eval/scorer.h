@@ -14,9 +14,11 @@ namespace swiftcpp::eval {
 struct LoglikelihoodRequest {
   std::vector<int64_t> context;                     // at least one token (BOS or a prefix token for empty text)
   std::vector<std::vector<int64_t>> continuations;  // each at least one token
-  /// Vision-language models: the context's images, [N, C, H, W] float, one per run of image_seq_length
-  /// image_token_index ids in `context`, in order; undefined for none. Continuations hold no image ids.
+  /// Vision-language models: the context's images, [N, C, H, W] float (or the patch rows of variable-size images
+  /// with their grids [N, 3]), one per run of image_token_index ids in `context` as long as the image's positions,
+  /// in order; undefined for none. Continuations hold no image ids.
   at::Tensor pixel_values{};
+  at::Tensor image_grid_thw{};
 };
 
 /// Score of one continuation: the sum of its tokens' log-probabilities (natural log, accumulated in float64) and

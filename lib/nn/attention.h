@@ -84,8 +84,9 @@ struct KVCache {
   int64_t length = 0;              // positions filled so far (shared-length use)
   std::vector<int64_t> rows;       // per-row use: the storage row of each batch row
   std::vector<int64_t> lengths;    // per-row use: positions filled in each batch row's storage row
-  /// M-RoPE (Qwen2-VL): per storage row, what its tokens' positions add to their cache index (Hugging Face's
-  /// rope_deltas: images take fewer positions than tokens). Set by the forward that fills a row from index 0;
+  /// M-RoPE (Qwen2-VL): per storage row, what later tokens add to their position counted in real tokens (the
+  /// cache index, or the explicit positions of a caller that pads): images take fewer positions than tokens
+  /// (Hugging Face's rope_deltas, for rows without padding). Set by the forward that fills a row from index 0;
   /// shorter than the storage means 0.
   std::vector<int64_t> position_offsets;
 

@@ -557,10 +557,18 @@ at::Tensor CausalLMImpl::mrope_forward_positions(const at::Tensor& input_ids, co
   auto [out, deltas] = mrope_positions(input_ids, options.image_grid_thw, options.key_valid, options.segment_ids,
                                        image_id, merge);
   if (cache != nullptr) {
+    // The offset later tokens add to a position counted in real tokens (the cache index without padding, as
+    // callers that pad pass them): max position + 1 - real tokens. Without padding it is rope_deltas.
+    const int64_t T = input_ids.size(1);
+    std::vector<int64_t> real(static_cast<size_t>(B), T);
+    if (options.key_valid.defined()) {
+      const at::Tensor counts = options.key_valid.narrow(-1, options.key_valid.size(-1) - T, T).sum(-1).to(at::kCPU, at::kLong);
+      for (int64_t b = 0; b < B; ++b) real[static_cast<size_t>(b)] = counts[b].item<int64_t>();
+    }
     for (int64_t b = 0; b < B; ++b) {
       const auto row = static_cast<size_t>(storage_row(b));
       if (cache->position_offsets.size() <= row) cache->position_offsets.resize(row + 1, 0);
-      cache->position_offsets[row] = deltas[static_cast<size_t>(b)];
+      cache->position_offsets[row] = deltas[static_cast<size_t>(b)] + T - real[static_cast<size_t>(b)];
     }
   }
   return out;

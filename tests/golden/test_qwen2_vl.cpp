@@ -11,6 +11,12 @@
 #include "models/decoder/decoder.h"
 #include "models/registry.h"
 #include "tokenizer/tokenizer.h"
+#include "data/dataset.h"
+#include "data/encode.h"
+#include "peft/lora.h"
+#include "template/template.h"
+#include "train/trainer.h"
+#include "tests/adapter_util.h"
 #include "tests/test_util.h"
 
 namespace swiftcpp {
@@ -52,6 +58,10 @@ at::Tensor long_tensor3(const Json& a) {
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+at::Tensor load_checkpoint_tensor(const fs::path& file, const Json& key) {
+  return Checkpoint::open(file).tensor(key.get<std::string>()).clone();
 }
 
 struct QwenFixture {
@@ -182,6 +192,212 @@ TEST_P(GoldenQwen2VL, GreedyGenerationWithTheCacheEqualsTransformers) {
   const auto out = gen.generate({prompt}, config, {}, {ImageInputs{o.pixel_values, o.image_grid_thw}});
   const std::vector<int64_t> expected = f.ref["greedy_generate_a_one_image"]["generate_new_ids"].get<std::vector<int64_t>>();
   EXPECT_EQ(out[0].new_ids, expected);
+}
+
+// The messages of a reference row with each image part as the "<image>" placeholder (ms-swift's form).
+std::vector<ChatMessage> placeholder_messages(const Json& messages) {
+  std::vector<ChatMessage> out;
+  for (const auto& m : messages) {
+    std::string text;
+    if (m["content"].is_string()) {
+      text = m["content"].get<std::string>();
+    } else {
+      for (const auto& part : m["content"]) {
+        text += part["type"] == "image" ? std::string(kImagePlaceholder) : part["text"].get<std::string>();
+      }
+    }
+    out.push_back({m["role"].get<std::string>(), text, std::nullopt});
+  }
+  return out;
+}
+
+TEST_P(GoldenQwen2VL, TemplateTokenisationAndImageExpansionEqualTheProcessor) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  const Json ref = load_json_file(ref_dir(v) / "logits.json");
+  const auto tokenizer = load_tokenizer(model_dir);
+  const std::string name = detect_chat_template(model_dir);
+  EXPECT_EQ(name, "qwen2");
+  EncodeOptions options;
+  options.max_length = 4096;
+  options.images = make_image_encoding(model_dir, *load_decoder_config(model_dir).multimodal);
+  const SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, name), options);
+  const fs::path images = assets() / "images";
+  for (const auto& [case_name, c] : ref["cases"].items()) {
+    size_t image = 0;
+    for (size_t row = 0; row < c["rows"].size(); ++row) {
+      const Json& r = c["rows"][row];
+      std::vector<fs::path> files;
+      for (const auto& f : r["images"]) files.push_back(images / f.get<std::string>());
+      const std::vector<ChatMessage> messages = placeholder_messages(r["messages"]);
+      const std::vector<int64_t> want_all = c["input_ids"][row].get<std::vector<int64_t>>();
+      const std::vector<int64_t> want(want_all.begin(), want_all.begin() + r["n_ids"].get<int64_t>());
+      std::vector<int> ids;
+      std::vector<at::Tensor> pixels;
+      if (r["add_generation_prompt"].get<bool>()) {
+        const EncodedPrompt p = encoder.encode_prompt(messages, files);
+        ids = p.ids;
+        pixels = p.pixel_values;
+        for (size_t i = 0; i < p.image_grids.size(); ++i) {
+          EXPECT_EQ(std::vector<int64_t>(p.image_grids[i].begin(), p.image_grids[i].end()),
+                    c["image_grid_thw"][image + i].get<std::vector<int64_t>>()) << case_name;
+        }
+      } else {
+        // A training row in ms-swift's form: the placeholders in the text, the files in "images".
+        Json row_json = {{"messages", Json::array()}, {"images", Json::array()}};
+        for (const auto& m : messages) row_json["messages"].push_back({{"role", m.role}, {"content", m.content}});
+        for (const auto& f : files) row_json["images"].push_back(f.string());
+        const auto sample = encoder.encode(normalise_row(row_json, case_name));
+        ASSERT_TRUE(sample.has_value()) << case_name;
+        ids.assign(sample->input_ids.begin(), sample->input_ids.end());
+        pixels = sample->pixel_values;
+        // Labels: the answer and its <|im_end|> (HF's labels shifted by one), never an image token.
+        const std::vector<int64_t> hf = c["labels"][row].get<std::vector<int64_t>>();
+        for (size_t t = 0; t + 1 < ids.size(); ++t) {
+          EXPECT_EQ(static_cast<int64_t>(sample->labels[t]), hf[t + 1]) << case_name << " row " << row << " t " << t;
+        }
+      }
+      EXPECT_EQ(std::vector<int64_t>(ids.begin(), ids.end()), want) << case_name << " row " << row;
+      // The pixel values are the processor's, in order.
+      const at::Tensor all = load_checkpoint_tensor(ref_dir(v) / "logits.safetensors", c["pixel_values_key"]);
+      int64_t offset = 0;
+      for (size_t i = 0; i < image; ++i) {
+        const auto& g = c["image_grid_thw"][i];
+        offset += g[0].get<int64_t>() * g[1].get<int64_t>() * g[2].get<int64_t>();
+      }
+      for (const at::Tensor& px : pixels) {
+        EXPECT_LE(max_abs_diff(px, all.narrow(0, offset, px.size(0))), 1e-6) << case_name;
+        offset += px.size(0);
+      }
+      image += files.size();
+    }
+  }
+}
+
+// The LoRA step's batch (d_loss_batch) as the trainer takes it: shifted labels, its images and grids.
+Batch lora_batch(const Version& v) {
+  const Json ref = load_json_file(ref_dir(v) / "lora_step.json");
+  Batch batch = test::batch_from_reference(ref["batch"]);
+  const Checkpoint logits = Checkpoint::open(ref_dir(v) / "logits.safetensors");
+  batch.pixel_values = logits.tensor("d_loss_batch.pixel_values").clone();
+  batch.image_grid_thw = long_tensor(ref["batch"]["image_grid_thw"]);
+  return batch;
+}
+
+TEST_P(GoldenQwen2VL, PeftAdaptersWithTheMergerReproducePeftLogits) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "lora_step.json");
+  QwenFixture f(v);
+  const Checkpoint step = Checkpoint::open(ref_dir(v) / "lora_step.safetensors");
+  const Json& a = f.ref["cases"]["a_one_image"];
+  for (const char* name : {"init", "after1"}) {
+    CausalLM model = load_causal_lm(ref_dir(v) / v.model);
+    const LoraConfig c = load_adapter(model, ref_dir(v) / name);
+    EXPECT_EQ(c.modules_to_save, std::vector<std::string>{"merger"});
+    int adapted = 0;
+    for (const auto& m : model->named_modules("", false)) {
+      if (const auto* l = m.value()->as<nn::Linear>(); l != nullptr && l->lora) {
+        ++adapted;
+        EXPECT_EQ(m.key().rfind("model.layers.", 0), 0u) << m.key();
+      }
+    }
+    EXPECT_EQ(adapted, 14);
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = model->forward(long_tensor(a["input_ids"]), f.options(a)).cpu();
+    const double diff = max_abs_diff(logits, step.tensor(fmt::format("{}.logits_a_one_image", name)));
+    std::cout << "[" << v.name << " peft " << name << "] max |logit - peft| = " << diff << std::endl;
+    EXPECT_LE(diff, kLogitTol) << name;
+  }
+}
+
+TEST_P(GoldenQwen2VL, OneLoraStepWithTheMergerMatchesPeft) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "lora_step.json");
+  const Json ref = load_json_file(ref_dir(v) / "lora_step.json");
+  const std::string model_dir = (ref_dir(v) / v.model).string();
+  Trainer trainer(test::reference_config(model_dir, ref_dir(v) / "init"), load_causal_lm(model_dir));
+  int64_t trainable = 0;
+  for (const auto& t : trainer.trainables()) trainable += t.tensor.numel();
+  EXPECT_EQ(trainable, ref["trainable"]["n_params"].get<int64_t>());
+  for (const auto& p : trainer.model()->named_parameters(true)) {
+    if (p.key().rfind("visual.blocks.", 0) == 0 || p.key().rfind("visual.patch_embed.", 0) == 0) {
+      EXPECT_FALSE(p.value().requires_grad()) << p.key();
+    }
+  }
+  const Batch batch = lora_batch(v);
+  const StepResult r = trainer.step({batch}, 0, 1);
+  EXPECT_NEAR(r.loss, ref["loss_before"].get<double>(), kLossTol);
+  EXPECT_NEAR(r.grad_norm, ref["grad_l2_norm_total_step1"].get<double>(), 1e-4);
+  const double err = test::adapter_rel_error(trainer.trainables(), ref_dir(v) / "after1");
+  std::cout << "[" << v.name << " lora step] worst relative adapter error " << err << std::endl;
+  // The reference rerun on OpenBLAS moves after1/ by up to 2.1e-5 (Qwen2.5-VL) in the elements whose gradient is
+  // near Adam's eps (README "Tolerances"): twice the text trainer's 1e-5 (tests/golden/test_lora.cpp).
+  EXPECT_LT(err, 2e-5);
+  const auto [sum, count] = trainer.evaluate({batch});
+  EXPECT_NEAR(sum / static_cast<double>(count), ref["loss_after_step1"].get<double>(), kLossTol);
+  // Saved as PEFT saves it (the merger under base_model.model.visual.merger.*) and loaded back with equal logits.
+  const fs::path dir = test::temp_dir(std::string(v.name) + "_adapter_save");
+  save_adapter(dir, trainer.model(), trainer.lora_config());
+  const Checkpoint saved = Checkpoint::open(dir / "adapter_model.safetensors");
+  const Checkpoint peft = Checkpoint::open(ref_dir(v) / "after1/adapter_model.safetensors");
+  EXPECT_EQ(saved.names(), peft.names());
+  CausalLM reloaded = load_causal_lm(model_dir);
+  load_adapter(reloaded, dir);
+  at::NoGradGuard no_grad;
+  trainer.model()->eval();
+  QwenFixture f(v);
+  const Json& a = f.ref["cases"]["a_one_image"];
+  const at::Tensor ids = long_tensor(a["input_ids"]);
+  EXPECT_LE(max_abs_diff(reloaded->forward(ids, f.options(a)), trainer.model()->forward(ids, f.options(a))), 1e-6);
+}
+
+TEST_P(GoldenQwen2VL, FreshLoraTargetsTheLanguageModelOnlyAndTrainsTheMergerInFull) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / v.model / "config.json");
+  for (const std::vector<std::string>& targets :
+       {std::vector<std::string>{"all-linear"}, std::vector<std::string>{"gate_proj", "up_proj", "down_proj", "qkv"}}) {
+    TrainConfig c;
+    c.model = (ref_dir(v) / v.model).string();
+    c.dataset = {"unused"};
+    c.target_modules = targets;
+    if (targets.back() == "qkv") {
+      // "qkv" names only vision-tower layers: outside the language model, so it matches nothing there.
+      EXPECT_THROW(Trainer(c, load_causal_lm(c.model)), ConfigError);
+      c.target_modules.pop_back();
+    }
+    Trainer trainer(c, load_causal_lm(c.model));
+    EXPECT_EQ(trainer.lora_config().modules_to_save, std::vector<std::string>{"visual.merger"});
+    int lora = 0, merger = 0;
+    for (const auto& t : trainer.trainables()) {
+      if (t.name.find("lora_") != std::string::npos) {
+        ++lora;
+        EXPECT_EQ(t.name.find("visual."), std::string::npos) << t.name;  // Qwen2.5-VL's vision MLP is gate/up/down too
+      } else {
+        ++merger;
+        EXPECT_NE(t.name.find("visual.merger."), std::string::npos) << t.name;
+      }
+    }
+    EXPECT_EQ(lora, targets.front() == "all-linear" ? 28 : 12);
+    EXPECT_EQ(merger, v.parameters == 311680 ? 6 : 5);
+  }
+}
+
+TEST_P(GoldenQwen2VL, FullTrainingFreezesTheTowerMergerOrLanguageModelByName) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / v.model / "config.json");
+  TrainConfig c;
+  c.model = (ref_dir(v) / v.model).string();
+  c.dataset = {"unused"};
+  c.train_type = "full";
+  c.freeze_vit = true;
+  c.freeze_aligner = false;
+  c.freeze_llm = true;
+  Trainer trainer(c, load_causal_lm(c.model));
+  for (const auto& p : trainer.model()->named_parameters(true)) {
+    const bool merger = p.key().rfind("visual.merger.", 0) == 0;
+    EXPECT_EQ(p.value().requires_grad(), merger) << p.key();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, GoldenQwen2VL, ::testing::ValuesIn(kVersions),
