@@ -87,8 +87,12 @@ class VisionAttentionImpl : public torch::nn::Module {
                      const std::vector<int64_t>& segments) {
     const int64_t N = x.size(0);
     const at::Tensor qkv_out = qkv(x).view({N, 3, heads_, head_dim_});          // [N, 3, H, Dh]
-    const at::Tensor q = nn::apply_rotary(qkv_out.select(1, 0).transpose(0, 1).unsqueeze(0), cos, sin);  // [1, H, N, Dh]
-    const at::Tensor k = nn::apply_rotary(qkv_out.select(1, 1).transpose(0, 1).unsqueeze(0), cos, sin);
+    // Rotary in float32 and cast back, as transformers' apply_rotary_pos_emb_vision (bf16 autocast included).
+    const auto rotate = [&](int64_t which) {
+      const at::Tensor part = qkv_out.select(1, which).transpose(0, 1).unsqueeze(0);  // [1, H, N, Dh]
+      return nn::apply_rotary(part.to(at::kFloat), cos, sin).to(part.scalar_type());
+    };
+    const at::Tensor q = rotate(0), k = rotate(1);
     const at::Tensor v = qkv_out.select(1, 2).transpose(0, 1).unsqueeze(0);
     std::vector<at::Tensor> outs;
     outs.reserve(segments.size());
@@ -305,10 +309,9 @@ class QwenVisionEncoderImpl : public VisionEncoderImpl {
         emb = emb.index_select(0, order);
       }
       const int64_t half = emb.size(1) / 2;
-      const at::Tensor cos = emb.cos().to(hidden.scalar_type()).view({1, 1, emb.size(0), emb.size(1)});
+      const at::Tensor cos = emb.cos().view({1, 1, emb.size(0), emb.size(1)});  // float32
       const at::Tensor sin_raw = emb.sin();
       const at::Tensor sin = at::cat({-sin_raw.narrow(1, 0, half), sin_raw.narrow(1, half, half)}, 1)
-                                 .to(hidden.scalar_type())
                                  .view({1, 1, emb.size(0), emb.size(1)});
       for (size_t b = 0; b < visual->blocks->size(); ++b) {
         const bool full = !s_.v2_5 || std::find(s_.full_blocks.begin(), s_.full_blocks.end(),

@@ -354,7 +354,12 @@ NormImpl::NormImpl(NormKind kind_, int64_t dim, double eps_) : kind(kind_), eps(
 }
 
 at::Tensor NormImpl::forward(const at::Tensor& x) {
-  if (kind == NormKind::kLayerNorm) return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  if (kind == NormKind::kLayerNorm) {
+    // A bfloat16 activation of float32 weights (autocast) runs in float32 and stays so, as autocast's float32 op
+    // list has layer_norm (LibTorch 1.13's CPU kernel refuses the mixed dtypes).
+    const at::Tensor in = x.scalar_type() == weight.scalar_type() ? x : x.to(weight.scalar_type());
+    return at::layer_norm(in, {weight.size(0)}, weight, bias, eps);
+  }
   return rms_norm(x, weight, eps, kind == NormKind::kRMSNormOffset);
 }
 

@@ -275,6 +275,46 @@ TEST_P(GoldenQwen2VL, TemplateTokenisationAndImageExpansionEqualTheProcessor) {
   }
 }
 
+TEST_P(GoldenQwen2VL, PackedSamplesKeepTheirOwnMRopePositionsAndLoss) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  const Json ref = load_json_file(ref_dir(v) / "logits.json");
+  const auto tokenizer = load_tokenizer(model_dir);
+  EncodeOptions options;
+  options.max_length = 4096;
+  options.images = make_image_encoding(model_dir, *load_decoder_config(model_dir).multimodal);
+  const SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, "qwen2"), options);
+  std::vector<Sample> samples;
+  for (const auto& r : ref["cases"]["d_loss_batch"]["rows"]) {
+    Json row = {{"messages", Json::array()}, {"images", Json::array()}};
+    for (const auto& m : placeholder_messages(r["messages"])) row["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    for (const auto& f : r["images"]) row["images"].push_back((assets() / "images" / f.get<std::string>()).string());
+    samples.push_back(*encoder.encode(normalise_row(row, "d_loss_batch")));
+  }
+  TrainConfig c;
+  c.model = model_dir.string();
+  c.dataset = {"unused"};
+  Trainer trainer(c, load_causal_lm(model_dir));  // fresh LoRA: B = 0, the base model's outputs
+  const Batch padded = collate_padded({&samples[0], &samples[1]}, 1000);
+  const Batch packed = collate_packed({{&samples[0], &samples[1]}}, 1000);
+  ASSERT_EQ(packed.input_ids.size(0), 1);
+  ASSERT_TRUE(packed.image_grid_thw.defined());
+  const auto [sum_padded, n_padded] = trainer.evaluate({padded});
+  const auto [sum_packed, n_packed] = trainer.evaluate({packed});
+  EXPECT_EQ(n_padded, n_packed);
+  EXPECT_NEAR(sum_padded / n_padded, ref["cases"]["d_loss_batch"]["loss"].get<double>(), kLossTol);
+  EXPECT_NEAR(sum_packed / n_packed, sum_padded / n_padded, kLossTol);
+  // The packed row's positions restart at each sample: the second sample's equal its own alone.
+  const auto [alone, alone_deltas] = mrope_positions(padded.input_ids.narrow(0, 1, 1), padded.image_grid_thw.narrow(0, 1, 1),
+                                                      padded.key_valid.narrow(0, 1, 1), {}, 1012, 2);
+  const auto [row, row_deltas] = mrope_positions(packed.input_ids, packed.image_grid_thw, packed.key_valid,
+                                                  packed.segment_ids, 1012, 2);
+  const int64_t first = static_cast<int64_t>(samples[0].input_ids.size());
+  const int64_t second = static_cast<int64_t>(samples[1].input_ids.size());
+  EXPECT_TRUE(row.narrow(2, first, second).equal(alone.narrow(2, 0, second)));
+}
+
 // The LoRA step's batch (d_loss_batch) as the trainer takes it: shifted labels, its images and grids.
 Batch lora_batch(const Version& v) {
   const Json ref = load_json_file(ref_dir(v) / "lora_step.json");
