@@ -36,6 +36,35 @@ std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, const I
   return runs;
 }
 
+std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, int32_t id, const std::vector<int64_t>& counts) {
+  std::vector<TokenSpan> runs;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  size_t image = 0;
+  for (int64_t t = 0; t < n;) {
+    if (ids[static_cast<size_t>(t)] != id) {
+      ++t;
+      continue;
+    }
+    if (image >= counts.size()) {
+      fail<ConfigError>("image tokens (id {}) at position {} beyond the {} image(s) of the sample", id, t, counts.size());
+    }
+    const int64_t end = t + counts[image];
+    for (int64_t k = t; k < end; ++k) {
+      if (k >= n || ids[static_cast<size_t>(k)] != id) {
+        fail<ConfigError>("image {} takes {} tokens (id {}) from position {}, but the run ends at {}", image,
+                          counts[image], id, t, k);
+      }
+    }
+    runs.push_back({t, end});
+    t = end;
+    ++image;
+  }
+  if (image != counts.size()) {
+    fail<ConfigError>("the sample holds {} image-token run(s) (id {}) for {} image(s)", image, id, counts.size());
+  }
+  return runs;
+}
+
 at::Tensor stack_pixel_values(const std::vector<const Sample*>& samples) {
   std::vector<at::Tensor> images;
   for (const Sample* s : samples) images.insert(images.end(), s->pixel_values.begin(), s->pixel_values.end());

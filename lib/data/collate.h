@@ -24,10 +24,13 @@ struct Sample {
   int64_t label_tokens() const;
 };
 
-/// The image tokens of a sequence: each image fills `per_image` consecutive positions holding `id`.
+/// The image tokens of a sequence: each image fills `per_image` consecutive positions holding `id` (fixed-count
+/// families), or, with `per_image` 0 and `merge` set (Qwen2-VL), as many as its grid says (t h w / merge^2, from
+/// Sample::image_grids); such families also take M-RoPE positions.
 struct ImageTokenLayout {
   int32_t id = -1;
   int64_t per_image = 0;
+  int64_t merge = 0;
 };
 
 /// Tokens [begin, end) of a sequence.
@@ -40,6 +43,10 @@ struct TokenSpan {
 /// tokens) are k runs. Throws ConfigError when layout.per_image < 1 or a stretch of image tokens is not a
 /// multiple of per_image long (an image cut in part).
 std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, const ImageTokenLayout& layout);
+
+/// The run of each image in `ids` for images of `counts[i]` tokens each, in order (variable-size images).
+/// Throws ConfigError when the image tokens do not split into runs of those lengths.
+std::vector<TokenSpan> image_token_runs(const std::vector<int32_t>& ids, int32_t id, const std::vector<int64_t>& counts);
 
 /// Tensors for one micro-batch, on the CPU.
 struct Batch {

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "models/decoder/decoder.h"
 
 namespace swiftcpp {
 
@@ -70,9 +71,10 @@ int64_t ChunkedBatch::chunks() const {
 
 namespace {
 
-// One dependent chunk: tokens [begin, end) of a sample, positions begin..end-1, no padding, with the images whose
-// runs lie inside it.
-Batch slice_batch(const Sample& s, int64_t begin, int64_t end, const std::vector<TokenSpan>& runs) {
+// One dependent chunk: tokens [begin, end) of a sample, positions begin..end-1 (M-RoPE: the slice of the whole
+// sample's [3, 1, L] positions), no padding, with the images whose runs lie inside it.
+Batch slice_batch(const Sample& s, int64_t begin, int64_t end, const std::vector<TokenSpan>& runs,
+                  const at::Tensor& mrope) {
   const int64_t T = end - begin;
   Batch b;
   b.input_ids = at::empty({1, T}, at::kLong);
@@ -84,14 +86,29 @@ Batch slice_batch(const Sample& s, int64_t begin, int64_t end, const std::vector
     labels[0][t] = s.labels[static_cast<size_t>(begin + t)];
     if (labels[0][t] != kIgnoreIndex) ++b.label_tokens;
   }
-  b.position_ids = at::arange(begin, end, at::kLong).unsqueeze(0);
+  b.position_ids = mrope.defined() ? mrope.narrow(2, begin, T).contiguous() : at::arange(begin, end, at::kLong).unsqueeze(0);
   b.real_tokens = T;
   Sample images;  // the chunk's images, in order
   for (size_t r = 0; r < runs.size(); ++r) {
-    if (runs[r].begin >= begin && runs[r].end <= end) images.pixel_values.push_back(s.pixel_values[r]);
+    if (runs[r].begin >= begin && runs[r].end <= end) {
+      images.pixel_values.push_back(s.pixel_values[r]);
+      if (!s.image_grids.empty()) images.image_grids.push_back(s.image_grids[r]);
+    }
   }
-  b.pixel_values = stack_pixel_values({&images});  // [N, C, H, W]
+  ImageInputs inputs = batch_images({&images});  // [N, C, H, W] | [patches, C T P P] with grids
+  b.pixel_values = std::move(inputs.pixel_values);
+  b.image_grid_thw = std::move(inputs.image_grid_thw);
   return b;
+}
+
+// M-RoPE families: the whole sample's positions [3, 1, L] (undefined otherwise), computed once per sample.
+at::Tensor mrope_of(const Sample& s, const ImageTokenLayout& images) {
+  if (images.merge < 1) return {};
+  const at::Tensor ids = at::tensor(std::vector<int64_t>(s.input_ids.begin(), s.input_ids.end()), at::kLong).view({1, -1});
+  std::vector<int64_t> grids;
+  for (const auto& g : s.image_grids) grids.insert(grids.end(), g.begin(), g.end());
+  const at::Tensor thw = grids.empty() ? at::Tensor() : at::tensor(grids, at::kLong).view({-1, 3});
+  return mrope_positions(ids, thw, {}, {}, images.id, images.merge).first;
 }
 
 }  // namespace
@@ -104,13 +121,19 @@ ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int6
   std::vector<std::vector<TokenSpan>> runs;  // per sample, its images' token spans (empty for text batches)
   const bool any_images =
       std::any_of(samples.begin(), samples.end(), [](const Sample* s) { return !s->pixel_values.empty(); });
-  if (any_images || images.per_image > 0) {
-    if (images.per_image < 1) {
+  if (any_images || images.per_image > 0 || images.merge > 0) {
+    if (images.per_image < 1 && images.merge < 1) {
       fail<ConfigError>("ChunkFlow: the samples hold images, so chunking needs the model's image token id and "
                         "image_seq_length");
     }
     for (size_t i = 0; i < samples.size(); ++i) {
-      runs.push_back(image_token_runs(samples[i]->input_ids, images));
+      if (images.per_image < 1) {
+        std::vector<int64_t> counts;
+        for (const auto& g : samples[i]->image_grids) counts.push_back(g[0] * g[1] * g[2] / (images.merge * images.merge));
+        runs.push_back(image_token_runs(samples[i]->input_ids, images.id, counts));
+      } else {
+        runs.push_back(image_token_runs(samples[i]->input_ids, images));
+      }
       if (runs.back().size() != samples[i]->pixel_values.size()) {
         fail<ConfigError>("ChunkFlow: sample {} holds {} image-token runs but {} images", i, runs.back().size(),
                           samples[i]->pixel_values.size());
@@ -125,7 +148,8 @@ ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int6
       for (const auto& chunk : group.chunks) {
         const ChunkSpan& span = chunk.front();
         const std::vector<TokenSpan>& sample_runs = runs.empty() ? kNone : runs[span.sample];
-        chunks.push_back(slice_batch(*samples[span.sample], span.begin, span.end, sample_runs));
+        chunks.push_back(slice_batch(*samples[span.sample], span.begin, span.end, sample_runs,
+                                     mrope_of(*samples[span.sample], images)));
       }
       out.sequences.push_back(std::move(chunks));
     } else {

@@ -46,11 +46,8 @@ class SftTask : public TrainingTask {
       enc.images = make_image_encoding(config.model, *mm, image_overrides(config));
       image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
       // ChunkFlow keeps each image's run of tokens in one chunk.
-      image_layout_ = {static_cast<int32_t>(mm->image_token_index), mm->image_seq_length};
-      if (mm->image_seq_length == 0 && effective_batching(config) == "chunkflow") {
-        fail<ConfigError>("batching chunkflow with {}: its images vary in token count, and ChunkFlow's image runs "
-                          "need one count per image; use padding or packing", config.model);
-      }
+      image_layout_ = {static_cast<int32_t>(mm->image_token_index), mm->image_seq_length,
+                       job.model->config().rope_scaling.mrope_section.empty() ? 0 : mm->spatial_merge_size};
     }
     SampleEncoder encoder(job.tokenizer, tmpl, enc);
     const std::string data_fingerprint =

@@ -359,7 +359,7 @@ TEST(MmTrainCli, Qwen2VLLoraTrainsResumesExactlyExportsAndQuantizes) {
   EXPECT_EQ(qi.code, 0) << qi.out;
 }
 
-TEST(MmTrainCli, Qwen2VLPackingBf16AndTheirRefusals) {
+TEST(MmTrainCli, Qwen2VLPackingChunkFlowBf16AndTheirRefusals) {
   SWIFTCPP_REQUIRE_SHARED(qwen2_vl_dir() / "config.json");
   const fs::path base = test::temp_dir("mm_train_cli_qwen2_vl_batching");
   const fs::path data = write_mm_dataset(base / "data");
@@ -372,10 +372,22 @@ TEST(MmTrainCli, Qwen2VLPackingBf16AndTheirRefusals) {
     ASSERT_EQ(l.size(), 3u);
     EXPECT_TRUE(std::isfinite(std::stod(l.back().substr(l.back().find(':') + 1))));
   }
-  // ChunkFlow cannot keep variable image runs whole yet: refused with the reason, and bad pixel bounds too.
-  const auto c = run_cli(qwen_train_args(data, base / "chunkflow", common + " batching=chunkflow chunk_size=32"));
-  EXPECT_NE(c.code, 0);
-  EXPECT_NE(c.out.find("chunkflow"), std::string::npos) << c.out;
+  // ChunkFlow: chunks of 24 tokens split samples whose images take 12 or 16 positions, never inside an image's
+  // run, with each chunk's slice of the sample's M-RoPE positions: the losses equal padding's.
+  const auto padded = run_cli(qwen_train_args(data, base / "padded", common));
+  ASSERT_EQ(padded.code, 0) << padded.out;
+  const auto c = run_cli(qwen_train_args(data, base / "chunkflow", common + " batching=chunkflow chunk_size=24"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto a = losses(only_run(base / "padded")), b = losses(only_run(base / "chunkflow"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = std::stod(a[i].substr(a[i].find(':') + 1)), y = std::stod(b[i].substr(b[i].find(':') + 1));
+    EXPECT_NEAR(x, y, 1e-4 * x) << "step " << i + 1;
+  }
+  const auto small = run_cli(qwen_train_args(data, base / "small", common + " batching=chunkflow chunk_size=8"));
+  EXPECT_NE(small.code, 0);
+  EXPECT_NE(small.out.find("chunk_size"), std::string::npos) << small.out;
   const auto p = run_cli(qwen_train_args(data, base / "pixels", common + " min_pixels=100000 max_pixels=50000"));
   EXPECT_NE(p.code, 0);
   EXPECT_NE(p.out.find("min_pixels"), std::string::npos) << p.out;
