@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "data/collate.h"
+#include "infer/engine.h"
 #include "infer/generate.h"
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
@@ -192,6 +193,54 @@ TEST_P(GoldenQwen2VL, GreedyGenerationWithTheCacheEqualsTransformers) {
   const auto out = gen.generate({prompt}, config, {}, {ImageInputs{o.pixel_values, o.image_grid_thw}});
   const std::vector<int64_t> expected = f.ref["greedy_generate_a_one_image"]["generate_new_ids"].get<std::vector<int64_t>>();
   EXPECT_EQ(out[0].new_ids, expected);
+}
+
+TEST_P(GoldenQwen2VL, ContinuousBatchingKeepsEachSequencesRopeDeltas) {
+  // Three sequences (two images of different sizes, one text-only) join a running engine at different steps and
+  // share decode steps in reused rows: each one's greedy tokens equal it alone.
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  QwenFixture f(v);
+  const auto tokenizer = load_tokenizer(ref_dir(v) / v.model);
+  std::vector<SequenceRequest> requests;
+  for (const auto& [name, row] : std::vector<std::pair<const char*, int>>{{"a_one_image", 0}, {"b_two_images", 0},
+                                                                          {"c_batch_right_pad", 1}}) {
+    const Json& c = f.ref["cases"][name];
+    SequenceRequest r;
+    const int64_t n = c["rows"][row]["n_ids"].get<int64_t>();
+    const std::vector<int64_t> ids = c["input_ids"][row].get<std::vector<int64_t>>();
+    r.prompt.assign(ids.begin(), ids.begin() + n);
+    if (c["rows"][row]["images"].size() > 0) {
+      const ForwardOptions o = f.options(c);
+      r.pixel_values = o.pixel_values;
+      r.image_grid_thw = o.image_grid_thw;
+    }
+    r.config.max_new_tokens = 10;
+    r.config.sampling.temperature = 0;
+    requests.push_back(r);
+  }
+  const auto run = [&](const std::vector<size_t>& which, int64_t stagger) {
+    EngineOptions options;
+    options.max_sequences = 2;  // rows are reused as sequences finish
+    options.max_model_len = 128;
+    Engine engine(f.model, tokenizer, options);
+    std::map<uint64_t, size_t> owner;
+    std::map<size_t, std::vector<int64_t>> out;
+    size_t next = 0;
+    for (int64_t step = 0; next < which.size() || engine.has_work(); ++step) {
+      if (next < which.size() && step % stagger == 0) owner[engine.add(requests[which[next]])] = which[next], ++next;
+      for (auto& u : engine.step()) out[owner[u.id]].insert(out[owner[u.id]].end(), u.new_ids.begin(), u.new_ids.end());
+    }
+    return out;
+  };
+  const auto together = run({0, 1, 2}, 3);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto alone = run({i}, 1);
+    EXPECT_EQ(together.at(i), alone.at(i)) << "sequence " << i;
+    EXPECT_EQ(together.at(i).size(), 10u) << "sequence " << i;
+  }
+  const std::vector<int64_t> expected = f.ref["greedy_generate_a_one_image"]["generate_new_ids"].get<std::vector<int64_t>>();
+  EXPECT_EQ(std::vector<int64_t>(together.at(0).begin(), together.at(0).begin() + 8), expected);
 }
 
 // The messages of a reference row with each image part as the "<image>" placeholder (ms-swift's form).
