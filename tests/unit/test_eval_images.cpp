@@ -13,6 +13,8 @@
 #include "tokenizer/tokenizer.h"
 #include "vision/image.h"
 #include "vision/processor.h"
+#include "data/encode.h"
+#include "models/registry.h"
 #include "tests/test_util.h"
 
 namespace swiftcpp::eval {
@@ -210,6 +212,84 @@ TEST(EvalImagesScoring, MultipleChoiceEqualsHandScoredForwardWithImages) {
   const ChoiceItem& first = task.choice_items[0];
   EXPECT_GT(std::abs(t.loglikelihood(first.context, " a cup", task.choice_items[1].images) -
                      t.loglikelihood(first.context, " a cup", first.images)), 1e-3);
+}
+
+// Qwen2-VL: images of different sizes take different counts, M-RoPE positions continue through the scorer's
+// left padding and its copied cache rows.
+fs::path qwen_dir() { return assets() / "reference/qwen2_vl/tiny-qwen2-vl"; }
+
+struct TinyQwen {
+  CausalLM model = load_causal_lm(qwen_dir());
+  std::shared_ptr<TextTokenizer> tokenizer = load_tokenizer(qwen_dir());
+  ImageEncoding images = make_image_encoding(qwen_dir(), *load_decoder_config(qwen_dir()).multimodal);
+  TinyQwen() { model->eval(); }
+
+  // The text with each <image> as Qwen2-VL's markup, tokenised (no BOS), each image token expanded.
+  std::pair<std::vector<int64_t>, ImageInputs> encode(const std::string& text, const std::vector<fs::path>& files) const {
+    std::string marked;
+    size_t from = 0;
+    for (size_t at = text.find("<image>"); at != std::string::npos; at = text.find("<image>", from)) {
+      marked += text.substr(from, at - from) + "<|vision_start|><|image_pad|><|vision_end|>";
+      from = at + 7;
+    }
+    marked += text.substr(from);
+    const std::vector<int> ids = tokenizer->encode_with_special_tokens(marked);
+    Sample s;
+    std::vector<int64_t> counts;
+    for (const auto& f : files) {
+      vision::ProcessedImage p = process_image_file(f, images);
+      counts.push_back(p.tokens);
+      s.pixel_values.push_back(p.pixel_values);
+      s.image_grids.push_back(p.grid_thw);
+    }
+    const std::vector<int> expanded = expand_image_tokens(ids, 1012, counts);
+    return {std::vector<int64_t>(expanded.begin(), expanded.end()), batch_images({&s})};
+  }
+  double loglikelihood(const std::string& context, const std::string& continuation, const std::vector<fs::path>& files) {
+    const auto [ctx, unused] = encode(context, files);
+    const auto [whole, inputs] = encode(context + continuation, files);
+    torch::NoGradGuard no_grad;
+    ForwardOptions o;
+    o.pixel_values = inputs.pixel_values;
+    o.image_grid_thw = inputs.image_grid_thw;
+    const at::Tensor lp =
+        at::log_softmax(model->forward(at::tensor(whole, at::kLong).view({1, -1}), o).squeeze(0).to(at::kDouble), -1);
+    double sum = 0;
+    for (size_t t = ctx.size(); t < whole.size(); ++t) sum += lp[static_cast<int64_t>(t) - 1][whole[t]].item<double>();
+    return sum;
+  }
+};
+
+TEST(EvalImagesScoring, Qwen2VLMultipleChoiceEqualsHandScoredForward) {
+  SWIFTCPP_REQUIRE_SHARED(qwen_dir() / "model.safetensors");
+  SWIFTCPP_REQUIRE_SHARED(images_dir() / "coffee.jpg");
+  const fs::path dir = temp_dir("eval_images_qwen2_vl");
+  const std::string I = images_dir().string();
+  // Prompts of different lengths (left padding in one batch), images of 12 and 16 tokens, one item with two, and
+  // multi-token choices (the scorer's second pass over copied cache rows).
+  const fs::path yaml = write_task(dir,
+      R"({"q": "What is in the picture?", "image": ")" + I + R"(/coffee.jpg", "choices": ["a cup of coffee", "a rocket", "a cat"], "answer": 0})" "\n"
+      R"({"q": "What?", "image": ")" + I + R"(/astronaut_224.png", "choices": ["a cup", "an astronaut in space", "a cat"], "answer": 1})" "\n"
+      R"({"q": "First <image> then <image>: which one is a cat", "image": [")" + I + R"(/chelsea_rgba.png", ")" + I +
+      R"(/camera.png"], "choices": ["the first", "the second one"], "answer": 0})" "\n");
+  const Task task = load_task(yaml.string(), "", {});
+  TinyQwen t;
+  EvalOptions options;
+  options.scorer.batch_size = 3;
+  options.log_samples = true;
+  options.model_dir = qwen_dir();
+  Evaluator evaluator(t.model, t.tokenizer, options);
+  const TaskResult r = evaluator.run(task);
+  ASSERT_EQ(r.samples.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const ChoiceItem& item = task.choice_items[i];
+    const std::vector<double> got = r.samples[i]["loglikelihoods"].get<std::vector<double>>();
+    ASSERT_EQ(got.size(), item.choices.size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_NEAR(got[j], t.loglikelihood(item.context, " " + item.choices[j], item.images), 1e-4)
+          << "item " << i << " choice " << j;
+    }
+  }
 }
 
 TEST(EvalImagesScoring, GenerationEqualsHandGreedyWithImages) {
