@@ -58,9 +58,10 @@ std::string marked_text(const TextTokenizer& tok, const Sample& s, bool color) {
 
 int run_inspect(const DataInspectOptions& o, int threads) {
   const fs::path model_dir = o.model;
-  auto tokenizer = load_tokenizer(model_dir);
-  const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
-  const std::shared_ptr<const ChatTemplate> tmpl = chat_template_for(*tokenizer, template_name);
+  const ModelAssets assets = ModelAssets::open(model_dir, o.chat_template);
+  const auto& tokenizer = assets.tokenizer;
+  const std::string& template_name = assets.template_name;
+  const std::shared_ptr<const ChatTemplate>& tmpl = assets.chat_template;
   EncodeOptions enc;
   enc.max_length = o.max_length;
   enc.truncation = parse_truncation_strategy(o.truncation);
@@ -68,11 +69,9 @@ int run_inspect(const DataInspectOptions& o, int threads) {
   // A vision-language checkpoint: image rows are encoded as training encodes them (runs of image tokens, images
   // read and preprocessed).
   std::string image_fingerprint;
-  if (fs::exists(model_dir / "config.json")) {
-    if (const auto mm = load_decoder_config(model_dir).multimodal) {
-      enc.images = make_image_encoding(model_dir, *mm);
-      image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
-    }
+  if (assets.images) {
+    enc.images = assets.images;
+    image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
   }
   SampleEncoder encoder(tokenizer, tmpl, enc);
 

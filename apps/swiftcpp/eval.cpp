@@ -85,16 +85,20 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   load.dtype = parse_dtype(o.dtype);
   load.quantized_kernels = true;  // eval only runs the model
   install_memory_tracking();
-  ModelWithTokenizer loaded = load_model_with_tokenizer(o.model, o.tokenizer, load);
-  CausalLM model = loaded.model;
-  const std::string assets_dir = loaded.assets_dir.string();  // tokenizer and templates (a GGUF's: --tokenizer)
+  SessionOptions open;
+  open.model = o.model;
+  open.tokenizer = o.tokenizer;
+  open.chat_template = o.chat_template;
+  open.load = load;
+  const ModelSession session = ModelSession::open(open);  // tokenizer and templates (a GGUF's: --tokenizer)
+  CausalLM model = session.model;
   if (!o.adapters.empty()) {
     const LoraConfig adapter = load_adapter(model, o.adapters);
     std::cerr << fmt::format("[adapter {}: r {}, alpha {}{}]\n", o.adapters, adapter.r, adapter.lora_alpha,
                              adapter.use_dora ? ", DoRA" : "");
   }
   model->eval();
-  auto tokenizer = loaded.tokenizer;
+  auto tokenizer = session.tokenizer;
 
   eval::EvalOptions options;
   options.scorer.batch_size = o.batch_size;
@@ -104,14 +108,15 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   options.stride = o.stride;
   options.log_samples = o.log_samples;
   options.keep_requests = !o.dump_requests.empty();
-  options.model_dir = loaded.assets_dir;  // preprocessor_config.json for tasks with images
+  options.model_dir = session.assets_dir;  // preprocessor_config.json for tasks with images
+  if (session.images) options.images = std::make_shared<const ImageEncoding>(*session.images);
   std::string template_name;
   if (o.apply_chat_template) {
-    template_name = o.chat_template.empty() ? detect_chat_template(assets_dir) : o.chat_template;
+    template_name = session.template_name;
     if (template_name.empty()) {
       fail<ConfigError>("--apply-chat-template: {} has no chat template (name one with --template)", o.model);
     }
-    options.chat_template = chat_template_for(*tokenizer, template_name);
+    options.chat_template = session.chat_template;
   }
   eval::Evaluator evaluator(model, tokenizer, options);
   for (const auto& task : tasks) evaluator.check(task);  // an image task on a text model fails before any scoring

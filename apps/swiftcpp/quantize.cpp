@@ -45,12 +45,12 @@ struct QuantizeOptions {
 // them (the model's chat template, or raw text), each cut to max_length tokens.
 std::vector<std::vector<int64_t>> calibration_samples(const QuantizeOptions& o, int threads) {
   const fs::path model_dir = o.model;
-  auto tokenizer = load_tokenizer(model_dir);
-  const std::string template_name = o.chat_template.empty() ? detect_chat_template(model_dir) : o.chat_template;
+  // Calibration text only: the checkpoint's tokenizer and chat template, no image settings.
+  const ModelAssets assets = ModelAssets::open(model_dir, o.chat_template, nullptr);
   EncodeOptions enc;
   enc.max_length = o.calib_max_length;
   enc.truncation = TruncationStrategy::kRight;
-  SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, template_name), enc);
+  SampleEncoder encoder(assets.tokenizer, assets.chat_template, enc);
   DataOptions data;
   data.dataset = o.calib_dataset;
   data.seed = o.seed;

@@ -118,7 +118,9 @@ void Evaluator::check(const Task& task) {
                       "{} (image_token_index) once but to [{}]; add it to the tokenizer's added tokens", task.name,
                       options_.model_dir.string(), mm->image_markup, mm->image_token_index, fmt::join(ids, ", "));
   }
-  images_ = std::make_shared<const ImageEncoding>(make_image_encoding(options_.model_dir, *mm, options_.image_overrides));
+  images_ = options_.images ? options_.images
+                            : std::make_shared<const ImageEncoding>(
+                                  make_image_encoding(options_.model_dir, *mm, options_.image_overrides));
 }
 
 std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const std::vector<fs::path>& files,

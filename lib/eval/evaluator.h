@@ -13,6 +13,7 @@
 #include "eval/scorer.h"
 #include "eval/tasks.h"
 #include "data/collate.h"
+#include "data/encode.h"
 #include "vision/image_processor.h"
 #include "models/decoder/decoder.h"
 
@@ -33,6 +34,9 @@ struct EvalOptions {
   bool keep_requests = false;     // keep the multiple-choice requests' token ids (for baselines and debugging)
   fs::path model_dir;             // tasks with images: the model folder, whose preprocessor_config.json prepares them
   vision::ImageProcessorOverrides image_overrides;  // min_pixels / max_pixels over the folder's settings
+  /// The image settings the model's session opened (ModelAssets::images); unset: made from model_dir when a task
+  /// has images.
+  std::shared_ptr<const ImageEncoding> images;
 };
 
 /// One reported number. `level` is "task", "group" (MMLU category or the macro average) or "subtask" (subject).

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "data/dataset.h"
+#include "models/registry.h"
 #include "quant/gguf_model.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
@@ -22,19 +23,42 @@ SamplingParams generation_defaults(const fs::path& model_dir) {
   return p;
 }
 
+namespace {
+ModelAssets assets_with(std::shared_ptr<const TextTokenizer> tokenizer, const fs::path& dir,
+                        const std::string& chat_template, const MultimodalConfig* multimodal,
+                        const vision::ImageProcessorOverrides& overrides) {
+  ModelAssets a;
+  a.tokenizer = std::move(tokenizer);
+  a.assets_dir = dir;
+  a.template_name = chat_template.empty() ? detect_chat_template(dir) : chat_template;
+  if (a.template_name == "raw") a.template_name.clear();
+  a.chat_template = chat_template_for(*a.tokenizer, a.template_name);
+  if (multimodal != nullptr) a.images = make_image_encoding(dir, *multimodal, overrides);
+  a.defaults = generation_defaults(dir);
+  for (int id : a.tokenizer->specials().eos) a.eos_ids.push_back(id);
+  return a;
+}
+}  // namespace
+
+ModelAssets ModelAssets::open(const fs::path& dir, const std::string& chat_template, const MultimodalConfig* multimodal,
+                              const vision::ImageProcessorOverrides& overrides) {
+  return assets_with(load_tokenizer(dir), dir, chat_template, multimodal, overrides);
+}
+
+ModelAssets ModelAssets::open(const fs::path& dir, const std::string& chat_template,
+                              const vision::ImageProcessorOverrides& overrides) {
+  if (!fs::exists(dir / "config.json")) return open(dir, chat_template, nullptr, overrides);
+  const DecoderConfig config = load_decoder_config(dir);
+  return open(dir, chat_template, config.multimodal.get(), overrides);
+}
+
 ModelSession ModelSession::open(const SessionOptions& options) {
   ModelWithTokenizer loaded = load_model_with_tokenizer(options.model, options.tokenizer, options.load);
   ModelSession s;
+  static_cast<ModelAssets&>(s) = assets_with(loaded.tokenizer, loaded.assets_dir, options.chat_template,
+                                             loaded.model->config().multimodal.get(), options.images);
   s.model = loaded.model;
-  s.tokenizer = loaded.tokenizer;
-  s.assets_dir = loaded.assets_dir;
-  const std::string name = options.chat_template.empty() ? detect_chat_template(s.assets_dir) : options.chat_template;
-  s.chat_template = chat_template_for(*s.tokenizer, name);
-  if (const auto& mm = s.model->config().multimodal) {
-    s.encode.images = make_image_encoding(s.assets_dir, *mm, options.images);
-  }
-  s.defaults = generation_defaults(s.assets_dir);
-  for (int id : s.tokenizer->specials().eos) s.eos_ids.push_back(id);
+  s.encode.images = s.images;
   return s;
 }
 

@@ -36,7 +36,31 @@ std::vector<int> encode_raw_prompt(const TextTokenizer& tokenizer, const std::st
 /// naming the file when it is not valid JSON or a value has the wrong type.
 SamplingParams generation_defaults(const fs::path& model_dir);
 
-class ModelSession {
+/// Everything but the weights that turns conversations, data rows and requests into model inputs for one
+/// checkpoint folder: its tokenizer, chat template, image settings (vision-language models: the processor
+/// preprocessor_config.json chooses, the image token and markup) and generation defaults. Every command opens these
+/// through open(): infer and deploy (inside ModelSession), train, eval, data and quantize's calibration.
+struct ModelAssets {
+  /// The assets of `dir` (a Hugging Face folder): the tokenizer, the chat template `chat_template` ("" = the
+  /// checkpoint's, raw text when it has none; "raw" = none), image settings when `multimodal` is set (with
+  /// `overrides`), generation_config.json's sampling defaults and the tokenizer's EOS ids. Throws the loaders'
+  /// errors, ConfigError for an unknown template name or bad image settings.
+  static ModelAssets open(const fs::path& dir, const std::string& chat_template,
+                          const MultimodalConfig* multimodal, const vision::ImageProcessorOverrides& overrides = {});
+  /// The same, with the multimodal settings read from `dir`/config.json when it has one (text only otherwise).
+  static ModelAssets open(const fs::path& dir, const std::string& chat_template,
+                          const vision::ImageProcessorOverrides& overrides = {});
+
+  std::shared_ptr<const TextTokenizer> tokenizer;
+  fs::path assets_dir;                                // where tokenizer, template and generation_config.json came from
+  std::string template_name;                          // the resolved name ("" for raw text)
+  std::shared_ptr<const ChatTemplate> chat_template;  // null: raw text
+  std::optional<ImageEncoding> images;                // vision-language models
+  SamplingParams defaults;                            // generation_config.json's
+  std::vector<int64_t> eos_ids;                       // the tokenizer's EOS ids
+};
+
+class ModelSession : public ModelAssets {
  public:
   /// Loads the model and tokenizer, picks the chat template (detected from the checkpoint unless named) and, for
   /// a vision-language model, its image preprocessing. Throws the loaders' errors, ConfigError for an unknown
@@ -56,13 +80,8 @@ class ModelSession {
   std::vector<int> encode_raw(const std::string& text) const { return encode_raw_prompt(*tokenizer, text); }
 
   CausalLM model{nullptr};
-  std::shared_ptr<const TextTokenizer> tokenizer;
-  fs::path assets_dir;  // where tokenizer, template and generation_config.json came from
-  std::shared_ptr<const ChatTemplate> chat_template;  // null: raw text
-  std::optional<std::string> system;                  // system prompt put before every conversation
-  EncodeOptions encode;                               // with image settings for a vision-language model
-  SamplingParams defaults;                            // generation_config.json's
-  std::vector<int64_t> eos_ids;                       // the tokenizer's EOS ids
+  std::optional<std::string> system;  // system prompt put before every conversation
+  EncodeOptions encode;               // with the image settings (ModelAssets::images) for a vision-language model
 };
 
 }  // namespace swiftcpp

@@ -295,8 +295,13 @@ void load_job(JobContext& job) {
     spec.sym = false;
     attach_packed_weights(job.model, quantize_model_rtn(job.model, spec));
   }
-  job.tokenizer = load_tokenizer(config.model);
-  if (job.config.chat_template.empty()) job.config.chat_template = detect_chat_template(config.model);
+  // The recipe's min_pixels / max_pixels (0: the checkpoint's preprocessor_config.json).
+  vision::ImageProcessorOverrides images;
+  if (config.max_pixels > 0) images.max_pixels = config.max_pixels;
+  if (config.min_pixels > 0) images.min_pixels = config.min_pixels;
+  job.assets = ModelAssets::open(config.model, config.chat_template, job.model->config().multimodal.get(), images);
+  job.tokenizer = job.assets.tokenizer;
+  if (job.config.chat_template.empty()) job.config.chat_template = job.assets.template_name;
 }
 
 TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const TaskFactory& make_task,

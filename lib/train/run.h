@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "infer/session.h"
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/pipeline.h"
@@ -49,6 +50,7 @@ struct JobContext {
   at::Device device = at::kCPU;
   CausalLM model{nullptr};
   std::shared_ptr<const TextTokenizer> tokenizer;
+  ModelAssets assets;  // tokenizer, chat template and image settings of config.model (the one front door)
   std::shared_ptr<dist::Communicator> comm;      // null in a single-process run
   std::shared_ptr<dist::Communicator> cp_group;  // this rank's context-parallel group (cp > 1)
   int rank = 0, world = 1;

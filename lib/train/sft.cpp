@@ -14,15 +14,6 @@
 
 namespace swiftcpp {
 
-namespace {
-// The recipe's min_pixels / max_pixels (0: the checkpoint's preprocessor_config.json).
-vision::ImageProcessorOverrides image_overrides(const TrainConfig& c) {
-  vision::ImageProcessorOverrides o;
-  if (c.max_pixels > 0) o.max_pixels = c.max_pixels;
-  if (c.min_pixels > 0) o.min_pixels = c.min_pixels;
-  return o;
-}
-}  // namespace
 
 namespace {
 
@@ -43,7 +34,7 @@ class SftTask : public TrainingTask {
         fail<ConfigError>("context_parallel_size {} with a vision-language model: images cannot be sharded across "
                           "ranks; use data parallelism", job.cp);
       }
-      enc.images = make_image_encoding(config.model, *mm, image_overrides(config));
+      enc.images = job.assets.images;  // the processor preprocessor_config.json chose (load_job)
       image_fingerprint = "|images=" + image_encoding_fingerprint(*enc.images);
       // ChunkFlow keeps each image's run of tokens in one chunk.
       image_layout_ = {static_cast<int32_t>(mm->image_token_index), mm->image_seq_length,
