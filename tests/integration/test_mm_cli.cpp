@@ -364,7 +364,8 @@ TEST(MmTrainCli, Qwen2VLPackingChunkFlowBf16AndTheirRefusals) {
   const fs::path base = test::temp_dir("mm_train_cli_qwen2_vl_batching");
   const fs::path data = write_mm_dataset(base / "data");
   const std::string common = "lora_dropout=0 max_steps=3 dataset_shuffle=false";
-  for (const std::string extra : {"packing=true", "bf16=true", "max_pixels=50176"}) {
+  for (const std::string extra : {"packing=true", "bf16=true", "max_pixels=50176", "use_dora=true",
+                                   "quant_bits=4 quant_group_size=16", "train_type=full freeze_vit=false"}) {
     SCOPED_TRACE(extra);
     const auto r = run_cli(qwen_train_args(data, base / extra.substr(0, extra.find('=')), common + " " + extra));
     ASSERT_EQ(r.code, 0) << r.out;
