@@ -44,9 +44,17 @@ class Qwen2VLProcessor final : public ImageProcessor {
   std::string type() const override { return "Qwen2VLImageProcessor"; }
   bool variable_size() const override { return true; }
   ProcessedImage process(const Image& image, int64_t max_pixels) const override {
-    // The resized image is at most config max_pixels (plus rounding) pixels; the decoded one was bounded by the
-    // caller's max_pixels before decoding.
-    (void)max_pixels;
+    // The resized size is known before anything is allocated: refused when it exceeds the caller's bound (a
+    // min_pixels far above the image upscales it).
+    if (config_.do_resize && image.height >= config_.patch_size * config_.merge_size &&
+        image.width >= config_.patch_size * config_.merge_size) {
+      const auto [h, w] = smart_resize(image.height, image.width, config_.patch_size * config_.merge_size,
+                                       config_.min_pixels, config_.max_pixels);
+      if (h * w > max_pixels) {
+        fail<FormatError>("an image of {}x{} would be resized to {}x{} ({} pixels), more than the {} allowed",
+                          image.height, image.width, h, w, h * w, max_pixels);
+      }
+    }
     Qwen2VLImage q = preprocess_qwen2_vl(image, config_);
     ProcessedImage out;
     out.pixel_values = std::move(q.pixel_values);  // [patches, C T P P]

@@ -449,6 +449,14 @@ std::pair<at::Tensor, std::vector<int64_t>> mrope_positions(const at::Tensor& in
   const int64_t n_images = grids.defined() ? grids.size(0) : 0;
   TORCH_CHECK(!grids.defined() || (grids.dim() == 2 && grids.size(1) == 3), "image_grid_thw must be [N, 3], got ",
               grids.sizes());
+  for (int64_t i = 0; i < n_images; ++i) {
+    const int64_t* g = grids.data_ptr<int64_t>() + i * 3;
+    if (g[0] < 1 || g[1] < merge || g[2] < merge || g[1] % merge != 0 || g[2] % merge != 0 || g[0] > (1 << 12) ||
+        g[1] > (1 << 16) || g[2] > (1 << 16)) {
+      fail<ModelError>("image grid {} is {}x{}x{}: t must be in [1, 4096] and h, w multiples of the merge size {} "
+                       "up to 65536", i, g[0], g[1], g[2], merge);
+    }
+  }
   TORCH_CHECK(!valid.defined() || valid.size(-1) >= T, "key_valid is shorter than input_ids");
   TORCH_CHECK(!segments.defined() || segments.size(-1) >= T, "segment_ids is shorter than input_ids");
   at::Tensor out = at::ones({3, B, T}, at::kLong);

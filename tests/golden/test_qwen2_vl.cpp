@@ -130,6 +130,35 @@ TEST_P(GoldenQwen2VL, PositionIdsAndRopeDeltasEqualTransformers) {
   EXPECT_THROW(mrope_positions(long_tensor(a["input_ids"]), at::tensor({1, 6, 6}, at::kLong).view({1, 3}), {}, {},
                                1012, 2), ModelError);
   EXPECT_THROW(mrope_positions(long_tensor(a["input_ids"]), {}, {}, {}, 1012, 2), ModelError);
+  // Hostile grids are refused before they are walked (a negative count would step backwards).
+  for (const auto& bad : {std::vector<int64_t>{1, -6, 8}, std::vector<int64_t>{0, 6, 8}, std::vector<int64_t>{1, 5, 8},
+                          std::vector<int64_t>{1, 6, 1 << 20}}) {
+    EXPECT_THROW(mrope_positions(long_tensor(a["input_ids"]), at::tensor(bad, at::kLong).view({1, 3}), {}, {}, 1012, 2),
+                 ModelError);
+  }
+}
+
+TEST_P(GoldenQwen2VL, ImagesThatDoNotFitTheirGridsOrBoundsAreRefused) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  QwenFixture f(v);
+  c10::InferenceMode guard;
+  const Json& c = f.ref["cases"]["a_one_image"];
+  const ForwardOptions o = f.options(c);
+  const at::Tensor ids = long_tensor(c["input_ids"]);
+  ForwardOptions no_grid = o;
+  no_grid.image_grid_thw = at::Tensor();
+  EXPECT_THROW(f.model->forward(ids, no_grid), ModelError);
+  ForwardOptions wrong = o;
+  wrong.image_grid_thw = at::tensor({1, 8, 8}, at::kLong).view({1, 3});  // 64 patches, 48 given
+  EXPECT_THROW(f.model->forward(ids, wrong), ModelError);
+  ForwardOptions rows = o;
+  rows.pixel_values = o.pixel_values.narrow(1, 0, 1000);
+  EXPECT_THROW(f.model->forward(ids, rows), ModelError);
+  // An image whose resize would exceed the caller's pixel bound is refused before anything is resized.
+  ImageEncoding images = make_image_encoding(ref_dir(v) / v.model, *f.model->config().multimodal, {{1 << 20}, {1 << 20}});
+  images.max_pixels = 1 << 18;
+  test::expect_error<FormatError>([&] { process_image_file(assets() / "images/coffee.jpg", images); }, {"resized", "allowed"});
 }
 
 TEST_P(GoldenQwen2VL, VisionTowerAndMergerMatchTransformers) {
