@@ -91,26 +91,6 @@ void parse_crop_size(const JsonObject& json, ImageProcessorConfig& config) {
                     describe_json(value));
 }
 
-// `image_mean` / `image_std`: a list of 3 finite numbers, or one number for all channels.
-void parse_channels(const JsonObject& json, const std::string& key, std::array<double, 3>& out, bool nonzero) {
-  if (!json.has(key)) return;
-  const Json& value = json.raw().at(key);
-  auto number = [&](const Json& v) {
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || (nonzero && v.get<double>() == 0.0)) {
-      fail<ConfigError>("{}: key '{}' must be {}a list of 3 finite {}numbers, got {}", json.origin(), key,
-                        "a number or ", nonzero ? "non-zero " : "", describe_json(value));
-    }
-    return v.get<double>();
-  };
-  if (value.is_number()) {
-    out.fill(number(value));
-  } else if (value.is_array() && value.size() == 3) {
-    for (size_t c = 0; c < 3; ++c) out[c] = number(value.at(c));
-  } else {
-    number(Json());  // not a number: fails with the message above
-  }
-}
-
 // ----------------------------------------------------------------------------------------------------------------
 // Pillow's resampling (Image.resize without reducing_gap), written from its published algorithm.
 
@@ -286,29 +266,57 @@ ImageProcessorConfig parse_image_processor_config(const JsonObject& json) {
   ImageProcessorConfig config;
   config.do_resize = json.get_or<bool>("do_resize", config.do_resize);
   parse_size(json, config);
-  const int64_t resample = json.get_or<int64_t>("resample", static_cast<int64_t>(config.resample));
-  if (resample == 2) {
-    config.resample = Resample::kBilinear;
-  } else if (resample == 3) {
-    config.resample = Resample::kBicubic;
-  } else {
-    static const char* const kNames[] = {"nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"};
-    const std::string name = resample >= 0 && resample <= 5 ? fmt::format(" ({})", kNames[resample]) : "";
-    fail<ConfigError>("{}: key 'resample' = {}{} is not supported (supported: 2 bilinear, 3 bicubic)", json.origin(),
-                      resample, name);
-  }
+  config.resample = parse_resample(json, config.resample);
   config.do_center_crop = json.get_or<bool>("do_center_crop", config.do_center_crop);
   parse_crop_size(json, config);
-  config.do_rescale = json.get_or<bool>("do_rescale", config.do_rescale);
-  config.rescale_factor = json.get_or<double>("rescale_factor", config.rescale_factor);
-  if (!std::isfinite(config.rescale_factor)) {
-    fail<ConfigError>("{}: key 'rescale_factor' must be a finite number, got {}", json.origin(), config.rescale_factor);
-  }
-  config.do_normalize = json.get_or<bool>("do_normalize", config.do_normalize);
-  parse_channels(json, "image_mean", config.image_mean, false);
-  parse_channels(json, "image_std", config.image_std, true);
-  config.do_convert_rgb = json.get_or<bool>("do_convert_rgb", config.do_convert_rgb);
+  parse_pixel_settings(json, config.do_rescale, config.rescale_factor, config.do_normalize, config.image_mean,
+                       config.image_std, config.do_convert_rgb);
   return config;
+}
+
+Resample parse_resample(const JsonObject& json, Resample fallback) {
+  const int64_t resample = json.get_or<int64_t>("resample", static_cast<int64_t>(fallback));
+  if (resample == 2) return Resample::kBilinear;
+  if (resample == 3) return Resample::kBicubic;
+  static const char* const kNames[] = {"nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"};
+  const std::string name = resample >= 0 && resample <= 5 ? fmt::format(" ({})", kNames[resample]) : "";
+  fail<ConfigError>("{}: key 'resample' = {}{} is not supported (supported: 2 bilinear, 3 bicubic)", json.origin(),
+                    resample, name);
+}
+
+namespace {
+// `image_mean` / `image_std`: a list of 3 finite numbers, or one number for all channels.
+void parse_channels(const JsonObject& json, const std::string& key, std::array<double, 3>& out, bool nonzero) {
+  if (!json.has(key)) return;
+  const Json& value = json.raw().at(key);
+  auto number = [&](const Json& v) {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || (nonzero && v.get<double>() == 0.0)) {
+      fail<ConfigError>("{}: key '{}' must be {}a list of 3 finite {}numbers, got {}", json.origin(), key,
+                        "a number or ", nonzero ? "non-zero " : "", describe_json(value));
+    }
+    return v.get<double>();
+  };
+  if (value.is_number()) {
+    out.fill(number(value));
+  } else if (value.is_array() && value.size() == 3) {
+    for (size_t c = 0; c < 3; ++c) out[c] = number(value.at(c));
+  } else {
+    number(Json());  // not a number: fails with the message above
+  }
+}
+}  // namespace
+
+void parse_pixel_settings(const JsonObject& json, bool& do_rescale, double& rescale_factor, bool& do_normalize,
+                          std::array<double, 3>& image_mean, std::array<double, 3>& image_std, bool& do_convert_rgb) {
+  do_rescale = json.get_or<bool>("do_rescale", do_rescale);
+  rescale_factor = json.get_or<double>("rescale_factor", rescale_factor);
+  if (!std::isfinite(rescale_factor)) {
+    fail<ConfigError>("{}: key 'rescale_factor' must be a finite number, got {}", json.origin(), rescale_factor);
+  }
+  do_normalize = json.get_or<bool>("do_normalize", do_normalize);
+  parse_channels(json, "image_mean", image_mean, false);
+  parse_channels(json, "image_std", image_std, true);
+  do_convert_rgb = json.get_or<bool>("do_convert_rgb", do_convert_rgb);
 }
 
 ImageProcessorConfig load_image_processor_config(const fs::path& model_dir) {

@@ -59,6 +59,16 @@ struct ImageProcessorConfig {
 /// feature_extractor_type other than CLIPFeatureExtractor).
 ImageProcessorConfig parse_image_processor_config(const JsonObject& json);
 
+/// The `resample` key (Pillow's filter number; `fallback` when absent) shared by the processors. Throws ConfigError
+/// naming the file and key for a filter other than 2 (bilinear) or 3 (bicubic).
+Resample parse_resample(const JsonObject& json, Resample fallback);
+
+/// The rescale / normalize keys the processors share (do_rescale, rescale_factor, do_normalize, image_mean,
+/// image_std as a number or 3 numbers, do_convert_rgb), each left as given when absent. Throws ConfigError naming
+/// the file and key on a wrong type, a non-finite number or a zero std.
+void parse_pixel_settings(const JsonObject& json, bool& do_rescale, double& rescale_factor, bool& do_normalize,
+                          std::array<double, 3>& image_mean, std::array<double, 3>& image_std, bool& do_convert_rgb);
+
 /// Loads `<model_dir>/preprocessor_config.json` (parse_image_processor_config). Throws IoError when the file is
 /// missing or unreadable, FormatError when it is not a JSON object, ConfigError as the parser does.
 ImageProcessorConfig load_image_processor_config(const fs::path& model_dir);

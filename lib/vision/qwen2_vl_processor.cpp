@@ -73,26 +73,6 @@ void parse_size(const JsonObject& json, Qwen2VLProcessorConfig& config) {
       json.origin(), describe_json(value));
 }
 
-// `image_mean` / `image_std`: a list of 3 finite numbers, or one number for all channels.
-void parse_channels(const JsonObject& json, const std::string& key, std::array<double, 3>& out, bool nonzero) {
-  if (!json.has(key)) return;
-  const Json& value = json.raw().at(key);
-  auto number = [&](const Json& v) {
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || (nonzero && v.get<double>() == 0.0)) {
-      fail<ConfigError>("{}: key '{}' must be a number or a list of 3 finite {}numbers, got {}", json.origin(), key,
-                        nonzero ? "non-zero " : "", describe_json(value));
-    }
-    return v.get<double>();
-  };
-  if (value.is_number()) {
-    out.fill(number(value));
-  } else if (value.is_array() && value.size() == 3) {
-    for (size_t c = 0; c < 3; ++c) out[c] = number(value.at(c));
-  } else {
-    number(Json());  // not a number: fails with the message above
-  }
-}
-
 // The checks parse_qwen2_vl_processor_config makes, for a config built in code; `what` names the caller.
 void check_config(const Qwen2VLProcessorConfig& config, const char* what) {
   auto check = [&](const char* name, int64_t value, int64_t hi) {
@@ -146,26 +126,9 @@ Qwen2VLProcessorConfig parse_qwen2_vl_processor_config(const JsonObject& json) {
   config.temporal_patch_size =
       int_or(json, "temporal_patch_size", config.temporal_patch_size, 1, kMaxQwen2VLPatchParameter);
   config.merge_size = int_or(json, "merge_size", config.merge_size, 1, kMaxQwen2VLPatchParameter);
-  const int64_t resample = int_or(json, "resample", static_cast<int64_t>(config.resample), INT64_MIN, INT64_MAX);
-  if (resample == 2) {
-    config.resample = Resample::kBilinear;
-  } else if (resample == 3) {
-    config.resample = Resample::kBicubic;
-  } else {
-    static const char* const kNames[] = {"nearest", "lanczos", "bilinear", "bicubic", "box", "hamming"};
-    const std::string name = resample >= 0 && resample <= 5 ? fmt::format(" ({})", kNames[resample]) : "";
-    fail<ConfigError>("{}: key 'resample' = {}{} is not supported (supported: 2 bilinear, 3 bicubic)", json.origin(),
-                      resample, name);
-  }
-  config.do_rescale = json.get_or<bool>("do_rescale", config.do_rescale);
-  config.rescale_factor = json.get_or<double>("rescale_factor", config.rescale_factor);
-  if (!std::isfinite(config.rescale_factor)) {
-    fail<ConfigError>("{}: key 'rescale_factor' must be a finite number, got {}", json.origin(), config.rescale_factor);
-  }
-  config.do_normalize = json.get_or<bool>("do_normalize", config.do_normalize);
-  parse_channels(json, "image_mean", config.image_mean, false);
-  parse_channels(json, "image_std", config.image_std, true);
-  config.do_convert_rgb = json.get_or<bool>("do_convert_rgb", config.do_convert_rgb);
+  config.resample = parse_resample(json, config.resample);
+  parse_pixel_settings(json, config.do_rescale, config.rescale_factor, config.do_normalize, config.image_mean,
+                       config.image_std, config.do_convert_rgb);
   return config;
 }
 
