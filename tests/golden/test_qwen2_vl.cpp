@@ -449,9 +449,20 @@ TEST_P(GoldenQwen2VL, OneLoraStepWithTheMergerMatchesPeft) {
   EXPECT_NEAR(r.grad_norm, ref["grad_l2_norm_total_step1"].get<double>(), 1e-4);
   const double err = test::adapter_rel_error(trainer.trainables(), ref_dir(v) / "after1");
   std::cout << "[" << v.name << " lora step] worst relative adapter error " << err << std::endl;
-  // The reference rerun on OpenBLAS moves after1/ by up to 2.1e-5 (Qwen2.5-VL) in the elements whose gradient is
-  // near Adam's eps (README "Tolerances"): twice the text trainer's 1e-5 (tests/golden/test_lora.cpp).
-  EXPECT_LT(err, 2e-5);
+  // The reference itself, rerun on OpenBLAS, moves after1/ by up to 2.1e-5 in 2-3 of ~43,500 elements (those whose
+  // gradient is near Adam's eps: the first step is lr g / (|g| + eps)) and by at most 1e-6 elsewhere (README
+  // "Tolerances"). So: every element within 5e-5, and at most 0.1% of them beyond 2e-6; the relative norm of
+  // the worst tensor, dominated by those few elements in a small lora_B, within 5e-5.
+  EXPECT_LT(err, 5e-5);
+  const Checkpoint after = Checkpoint::open(ref_dir(v) / "after1/adapter_model.safetensors");
+  int64_t elements = 0, beyond = 0;
+  for (const auto& t : trainer.trainables()) {
+    const at::Tensor diff = (t.tensor.detach().to(at::kDouble) - after.tensor(t.name).to(at::kDouble)).abs();
+    EXPECT_LE(diff.max().item<double>(), 5e-5) << t.name;
+    elements += diff.numel();
+    beyond += (diff > 2e-6).sum().item<int64_t>();
+  }
+  EXPECT_LE(beyond, elements / 1000) << beyond << " of " << elements << " elements differ by more than 2e-6";
   const auto [sum, count] = trainer.evaluate({batch});
   EXPECT_NEAR(sum / static_cast<double>(count), ref["loss_after_step1"].get<double>(), kLossTol);
   // Saved as PEFT saves it (the merger under base_model.model.visual.merger.*) and loaded back with equal logits.
