@@ -19,6 +19,7 @@ ArchitectureSpec qwen2_moe_spec();  // moe.cpp
 ArchitectureSpec llava_spec();  // vision-language: CLIP + projector + a text family above
 ArchitectureSpec qwen2_vl_spec();    // qwen2_vl.cpp: dynamic-resolution ViT + merger + Qwen2 with M-RoPE
 ArchitectureSpec qwen2_5_vl_spec();  // qwen2_vl.cpp
+ArchitectureSpec llava_next_spec();  // llava_next.cpp: LLaVA's parts with anyres tiles and image_newline
 
 const std::vector<ArchitectureSpec>& architectures() {
   static const std::vector<ArchitectureSpec> list = {
@@ -36,6 +37,7 @@ const std::vector<ArchitectureSpec>& architectures() {
       llava_spec(),
       qwen2_vl_spec(),
       qwen2_5_vl_spec(),
+      llava_next_spec(),
   };
   return list;
 }

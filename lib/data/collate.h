@@ -19,8 +19,11 @@ struct Sample {
   /// One per image, in the order of the image-token runs: [C, H, W] float32 (fixed-size processors) or
   /// [patches, C T P P] float32 (Qwen2-VL).
   std::vector<at::Tensor> pixel_values;
-  /// Variable-size images: each image's (t, h, w) in patches; empty for fixed-size processors.
+  /// Variable-size images: each image's size triple (Qwen2-VL: (t, h, w) in patches; LLaVA-NeXT: (entries, height,
+  /// width)); empty for fixed-size processors.
   std::vector<std::array<int64_t, 3>> image_grids;
+  /// Each image's token count (the length of its run), as the processor said; empty for samples built without it.
+  std::vector<int64_t> image_tokens;
   int64_t label_tokens() const;
 };
 

@@ -386,6 +386,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
                                                        : std::move(processed[i]);
       s.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
       if (options_.images->processor->variable_size()) s.image_grids.push_back(image.grid_thw);
+      s.image_tokens.push_back(runs[i].end - runs[i].begin);
     }
   }
   return s;

@@ -80,13 +80,14 @@ void write_sample(std::ostream& out, const Sample& s) {
   TORCH_CHECK(s.image_grids.empty() || s.image_grids.size() == s.pixel_values.size(),
               "a sample's image grids do not match its images");
   for (size_t i = 0; i < s.pixel_values.size(); ++i) {
-    const at::Tensor data = s.pixel_values[i].to(at::kFloat).contiguous();  // [C, H, W] or [patches, C T P P]
-    TORCH_CHECK(data.dim() == 2 || data.dim() == 3, "pixel_values of a sample must have 2 or 3 dims, got ",
+    const at::Tensor data = s.pixel_values[i].to(at::kFloat).contiguous();  // [C, H, W], [patches, C T P P], ...
+    TORCH_CHECK(data.dim() >= 2 && data.dim() <= 4, "pixel_values of a sample must have 2 to 4 dims, got ",
                 data.sizes());
     write_u64(out, static_cast<uint64_t>(data.dim()));
     for (int64_t d = 0; d < data.dim(); ++d) write_u64(out, static_cast<uint64_t>(data.size(d)));
     const std::array<int64_t, 3> grid = s.image_grids.empty() ? std::array<int64_t, 3>{0, 0, 0} : s.image_grids[i];
     for (const int64_t g : grid) write_u64(out, static_cast<uint64_t>(g));
+    write_u64(out, static_cast<uint64_t>(i < s.image_tokens.size() ? s.image_tokens[i] : 0));
     out.write(reinterpret_cast<const char*>(data.data_ptr<float>()), static_cast<std::streamsize>(data.numel() * 4));
   }
 }
@@ -98,11 +99,11 @@ bool read_sample(CacheReader& in, Sample& s) {
   s.labels.resize(len);
   if (!in.read(s.input_ids.data(), len * 4) || !in.read(s.labels.data(), len * 4)) return false;
   uint64_t images = 0;
-  if (!in.count(images, 52)) return false;  // each image: its rank, two sizes, a grid and at least one float
+  if (!in.count(images, 60)) return false;  // each image: its rank, two sizes, a grid, its tokens and a float
   bool any_grid = false;
   for (uint64_t i = 0; i < images; ++i) {
     uint64_t rank = 0;
-    if (!in.u64(rank) || (rank != 2 && rank != 3)) return false;
+    if (!in.u64(rank) || rank < 2 || rank > 4) return false;
     std::vector<int64_t> shape;
     uint64_t numel = 1;
     for (uint64_t k = 0; k < rank; ++k) {
@@ -117,18 +118,18 @@ bool read_sample(CacheReader& in, Sample& s) {
       if (!in.u64(v) || v > (1ULL << 20)) return false;
       g = static_cast<int64_t>(v);
     }
+    uint64_t tokens = 0;
+    if (!in.u64(tokens) || tokens > (1ULL << 20)) return false;
     const bool has_grid = grid[0] != 0;
-    if ((has_grid && (grid[1] == 0 || grid[2] == 0 || static_cast<uint64_t>(grid[0] * grid[1] * grid[2]) !=
-                      static_cast<uint64_t>(shape[0]) || rank != 2)) ||
-        (i > 0 && has_grid != any_grid)) {
-      return false;
-    }
+    if ((has_grid && (grid[1] == 0 || grid[2] == 0)) || (i > 0 && has_grid != any_grid)) return false;
     any_grid = has_grid;
+    if (tokens > 0) s.image_tokens.push_back(static_cast<int64_t>(tokens));
     at::Tensor image = at::empty(shape, at::kFloat);
     if (!in.read(image.data_ptr<float>(), numel * 4)) return false;
     s.pixel_values.push_back(std::move(image));
     if (has_grid) s.image_grids.push_back(grid);
   }
+  if (!s.image_tokens.empty() && s.image_tokens.size() != s.pixel_values.size()) return false;
   return true;
 }
 

@@ -93,6 +93,7 @@ Batch slice_batch(const Sample& s, int64_t begin, int64_t end, const std::vector
     if (runs[r].begin >= begin && runs[r].end <= end) {
       images.pixel_values.push_back(s.pixel_values[r]);
       if (!s.image_grids.empty()) images.image_grids.push_back(s.image_grids[r]);
+      if (!s.image_tokens.empty()) images.image_tokens.push_back(s.image_tokens[r]);
     }
   }
   ImageInputs inputs = batch_images({&images});  // [N, C, H, W] | [patches, C T P P] with grids
@@ -121,15 +122,25 @@ ChunkedBatch build_chunked_batch(const std::vector<const Sample*>& samples, int6
   std::vector<std::vector<TokenSpan>> runs;  // per sample, its images' token spans (empty for text batches)
   const bool any_images =
       std::any_of(samples.begin(), samples.end(), [](const Sample* s) { return !s->pixel_values.empty(); });
+  const bool counted = std::all_of(samples.begin(), samples.end(), [](const Sample* s) {
+    return s->image_tokens.size() == s->pixel_values.size();
+  });
   if (any_images || images.per_image > 0 || images.merge > 0) {
-    if (images.per_image < 1 && images.merge < 1) {
+    if (images.per_image < 1 && images.merge < 1 && !counted) {
       fail<ConfigError>("ChunkFlow: the samples hold images, so chunking needs the model's image token id and "
                         "image_seq_length");
     }
     for (size_t i = 0; i < samples.size(); ++i) {
-      if (images.per_image < 1) {
-        std::vector<int64_t> counts;
-        for (const auto& g : samples[i]->image_grids) counts.push_back(g[0] * g[1] * g[2] / (images.merge * images.merge));
+      if (images.per_image < 1) {  // each image's own count, as its processor said
+        std::vector<int64_t> counts = samples[i]->image_tokens;
+        if (counts.size() != samples[i]->pixel_values.size()) {
+          if (images.merge < 1) {
+            fail<ConfigError>("ChunkFlow: sample {} holds {} images without their token counts", i,
+                              samples[i]->pixel_values.size());
+          }
+          counts.clear();
+          for (const auto& g : samples[i]->image_grids) counts.push_back(g[0] * g[1] * g[2] / (images.merge * images.merge));
+        }
         runs.push_back(image_token_runs(samples[i]->input_ids, images.id, counts));
       } else {
         runs.push_back(image_token_runs(samples[i]->input_ids, images));

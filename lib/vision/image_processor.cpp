@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "vision/llava_next_processor.h"
 #include "vision/processor.h"
 #include "vision/qwen2_vl_processor.h"
 
@@ -74,6 +75,36 @@ class Qwen2VLProcessor final : public ImageProcessor {
   Qwen2VLProcessorConfig config_;
 };
 
+class LlavaNextProcessor final : public ImageProcessor {
+ public:
+  LlavaNextProcessor(LlavaNextProcessorConfig config, int64_t side) : config_(std::move(config)), side_(side) {}
+  std::string type() const override { return "LlavaNextImageProcessor"; }
+  bool variable_size() const override { return true; }
+  ProcessedImage process(const Image& image, int64_t max_pixels) const override {
+    LlavaNextImage n = preprocess_llava_next(image, config_, side_, max_pixels);
+    ProcessedImage out;
+    out.pixel_values = std::move(n.pixel_values);  // [entries, C, crop, crop]
+    // Not a patch grid: (entries incl. the whole image, original height, original width), what the encoder needs
+    // to place the tiles (Hugging Face's image_sizes row, with the entry count).
+    out.grid_thw = {n.layout.entries(), n.height, n.width};
+    out.tokens = n.tokens;
+    return out;
+  }
+  std::string fingerprint() const override {
+    const ImageProcessorConfig& p = config_.clip;
+    std::string pins;
+    for (const Pinpoint& q : config_.image_grid_pinpoints) pins += fmt::format("{}{}x{}", pins.empty() ? "" : ",", q.height, q.width);
+    return fmt::format("llava_next;side={};pinpoints={};resize={}:{}:{};crop={}x{};rescale={}:{};normalize={}:{}:{}",
+                       side_, pins, p.do_resize, p.shortest_edge, static_cast<int>(p.resample), p.crop_height,
+                       p.crop_width, p.do_rescale, p.rescale_factor, p.do_normalize, fmt::join(p.image_mean, ","),
+                       fmt::join(p.image_std, ","));
+  }
+
+ private:
+  LlavaNextProcessorConfig config_;
+  int64_t side_;  // the model's features per tile side, for the token count
+};
+
 }  // namespace
 
 std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model_dir, int64_t fixed_tokens,
@@ -102,9 +133,24 @@ std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model
     }
     return std::make_shared<Qwen2VLProcessor>(config);
   }
+  if (type == "LlavaNextImageProcessor") {
+    if (overrides.min_pixels || overrides.max_pixels) {
+      fail<ConfigError>("{}: min_pixels / max_pixels apply to Qwen2-VL's image processor; LlavaNextImageProcessor "
+                        "tiles images at its image_grid_pinpoints", path.string());
+    }
+    LlavaNextProcessorConfig config = parse_llava_next_processor_config(json);
+    // The token count depends on the vision tower's patch grid, which only the model's config.json states.
+    const fs::path model_config = model_dir / "config.json";
+    if (!fs::exists(model_config)) {
+      fail<IoError>("'{}' not found: LlavaNextImageProcessor counts an image's tokens from the model's vision_config",
+                    model_config.string());
+    }
+    const int64_t side = llava_next_features_per_side(JsonObject::load(model_config), config, path.string());
+    return std::make_shared<LlavaNextProcessor>(std::move(config), side);
+  }
   if (type != "CLIPImageProcessor") {
     fail<ConfigError>("{}: image_processor_type '{}' is not supported (supported: CLIPImageProcessor, "
-                      "Qwen2VLImageProcessor)", path.string(), type);
+                      "Qwen2VLImageProcessor, LlavaNextImageProcessor)", path.string(), type);
   }
   if (overrides.min_pixels || overrides.max_pixels) {
     fail<ConfigError>("{}: min_pixels / max_pixels apply to Qwen2-VL's image processor; CLIPImageProcessor resizes "

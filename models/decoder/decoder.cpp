@@ -359,6 +359,8 @@ CausalLMImpl::CausalLMImpl(DecoderConfig config)
     }
     vision_ = config_.multimodal->make_encoder();
     for (const auto& child : vision_->named_children()) register_module(child.key(), child.value());
+    // Tensors the family keeps at the top level (LLaVA-NeXT's image_newline).
+    for (const auto& p : vision_->named_parameters(/*recurse=*/false)) register_parameter(p.key(), p.value(), true);
   }
   model = lm_parent->register_module("model", DecoderBody(config_));
   if (!config_.tie_word_embeddings) {

@@ -394,6 +394,38 @@ TEST(MmTrainCli, Qwen2VLPackingChunkFlowBf16AndTheirRefusals) {
   EXPECT_NE(p.out.find("min_pixels"), std::string::npos) << p.out;
 }
 
+TEST(MmTrainCli, LlavaNextTrainsWithItsAnyresCountsInPaddingPackingAndChunkFlow) {
+  // LLaVA-NeXT: each image takes 70-91 positions (tiles, unpadding and image_newline rows), told by its processor.
+  const fs::path model = assets() / "reference/llava_next/tiny-llava-next";
+  SWIFTCPP_REQUIRE_SHARED(model / "config.json");
+  const fs::path base = test::temp_dir("mm_train_cli_llava_next");
+  const fs::path data = write_mm_dataset(base / "data");
+  const auto args = [&](const std::string& name, const std::string& extra) {
+    return fmt::format("--threads 1 train model={} dataset={} output_dir={} max_length=200 per_device_train_batch_size=2 "
+                       "max_steps=3 logging_steps=1 template=llava lora_dropout=0 dataset_shuffle=false {}",
+                       model.string(), data.string(), (base / name).string(), extra);
+  };
+  const auto padded = run_cli(args("padded", ""));
+  ASSERT_EQ(padded.code, 0) << padded.out;
+  const auto chunked = run_cli(args("chunkflow", "batching=chunkflow chunk_size=100"));
+  ASSERT_EQ(chunked.code, 0) << chunked.out;
+  const auto a = losses(only_run(base / "padded")), b = losses(only_run(base / "chunkflow"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = std::stod(a[i].substr(a[i].find(':') + 1)), y = std::stod(b[i].substr(b[i].find(':') + 1));
+    EXPECT_NEAR(x, y, 1e-4 * x) << "step " << i + 1;
+  }
+  const auto packed = run_cli(args("packing", "packing=true"));
+  ASSERT_EQ(packed.code, 0) << packed.out;
+  const auto small = run_cli(args("small", "batching=chunkflow chunk_size=48"));
+  EXPECT_NE(small.code, 0);
+  EXPECT_NE(small.out.find("smaller than an image"), std::string::npos) << small.out;
+  const auto i = run_cli("infer --model " + model.string() + " --image " + image("coffee.jpg").string() +
+                         " --prompt 'What is this?' --max-new-tokens 4 --temperature 0");
+  EXPECT_EQ(i.code, 0) << i.out;
+}
+
 TEST(MmTrainCli, DataInspectEncodesImageRowsAsTrainingDoes) {
   SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
   const fs::path base = test::temp_dir("mm_data_inspect");

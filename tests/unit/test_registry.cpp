@@ -45,7 +45,7 @@ TEST(Registry, ListsTheFamilies) {
   for (const auto& spec : architectures()) types.push_back(spec.model_type);
   EXPECT_EQ(types, (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "starcoder2", "phi",
                                              "phi3", "mixtral", "qwen2_moe", "llava", "qwen2_vl",
-                                             "qwen2_5_vl"}));
+                                             "qwen2_5_vl", "llava_next"}));
 }
 
 TEST(Registry, Qwen2VLConfigErrorsNameTheKey) {
