@@ -21,7 +21,8 @@ namespace swiftcpp::vision {
 struct ProcessedImage {
   /// Fixed-size processors (CLIP): [C, H, W] float32. Variable-size ones (Qwen2-VL): [patches, C T P P] float32.
   at::Tensor pixel_values;
-  /// Variable-size processors: (t, h, w) in patches (Hugging Face's image_grid_thw row); zeros otherwise.
+  /// Variable-size processors: the size triple the encoder needs (Qwen2-VL: (t, h, w) in patches, Hugging Face's
+  /// image_grid_thw row; LLaVA-NeXT: (entries, original height, original width)); zeros otherwise.
   std::array<int64_t, 3> grid_thw = {0, 0, 0};
   int64_t tokens = 0;  // language-model positions the image takes
 };
