@@ -11,6 +11,7 @@
 
 #include "apps/swiftcpp/commands.h"
 #include "core/runtime.h"
+#include "core/signals.h"
 #include "train/bench.h"
 
 namespace swiftcpp::app {
@@ -20,15 +21,16 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 
-extern "C" void on_bench_signal(int signal) {
-  if (g_stop.exchange(true)) {
-    std::signal(signal, SIG_DFL);  // a second signal: stop now (the running child stays in its own process group)
-    std::raise(signal);
-    return;
-  }
+// On the signal thread (core/signals.h): the first SIGINT/SIGTERM stops the running technique, a second one ends
+// the process by the signal's default action, as does one outside the runs (the running child stays in its own process group).
+std::atomic<bool> g_graceful{false};  // techniques are running
+
+bool on_bench_signal(int signal) {
+  if (!g_graceful.load() || g_stop.exchange(true)) return false;
   g_signal = signal;
   const char msg[] = "\nswiftcpp: bench: stopping the running technique; the report covers what finished\n";
   [[maybe_unused]] auto n = write(STDERR_FILENO, msg, sizeof msg - 1);
+  return true;
 }
 
 struct BenchCliOptions {
@@ -48,6 +50,7 @@ fs::path this_program() {
 }
 
 int run_bench_command(const BenchCliOptions& o, const GlobalOptions& globals, const std::vector<std::string>& argv) {
+  const StopSignals signals(on_bench_signal);
   BenchRequest request;
   request.recipe = o.recipe;
   request.overrides = o.overrides;
@@ -69,11 +72,9 @@ int run_bench_command(const BenchCliOptions& o, const GlobalOptions& globals, co
   machine.threads = globals.threads > 0 ? globals.threads : machine.cores;
   machine.date = utc_now_iso8601();
   machine.command_line = argv;
-  std::signal(SIGINT, on_bench_signal);
-  std::signal(SIGTERM, on_bench_signal);
+  g_graceful = true;
   run_bench(plan, request, hooks);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  g_graceful = false;
   write_bench_report(request, plan, machine);
   std::cout << bench_table(request, plan, machine) << std::flush;
   std::cerr << fmt::format("bench: report in {} and {}\n", (request.output_dir / "bench.json").string(),

@@ -15,18 +15,21 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/signals.h"
 
 namespace swiftcpp::app {
 
 namespace {
 
 constexpr int kMaxWorkers = 1024;
-pid_t g_workers[kMaxWorkers];
+std::atomic<pid_t> g_workers[kMaxWorkers];
 std::atomic<int> g_worker_count{0};
 
-extern "C" void forward_signal(int signal) {
+// Also on the signal thread (core/signals.h): every SIGINT/SIGTERM is passed on to the workers.
+void forward_signal(int signal) {
   for (int i = 0; i < g_worker_count.load(); ++i) {
-    if (g_workers[i] > 0) kill(g_workers[i], signal);
+    const pid_t pid = g_workers[i].load();
+    if (pid > 0) kill(pid, signal);
   }
 }
 
@@ -95,8 +98,10 @@ int launch_workers(const LaunchOptions& o, const std::vector<std::string>& worke
   if (n <= 0) fail<IoError>("cannot find this program's path (/proc/self/exe): {}", std::strerror(errno));
   exe[n] = '\0';
 
-  std::signal(SIGINT, forward_signal);
-  std::signal(SIGTERM, forward_signal);
+  const StopSignals signals([](int signal) {
+    forward_signal(signal);
+    return true;
+  });
   std::cerr << fmt::format("swiftcpp: starting {} worker processes (world size {}, master {}:{})\n", o.nproc_per_node,
                            world, o.master_addr, port);
   for (int local = 0; local < o.nproc_per_node; ++local) {
@@ -153,8 +158,6 @@ int launch_workers(const LaunchOptions& o, const std::vector<std::string>& worke
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   return result;
 }
 

@@ -10,6 +10,7 @@
 #include "apps/swiftcpp/commands.h"
 #include "core/error.h"
 #include "core/runtime.h"
+#include "core/signals.h"
 
 namespace {
 
@@ -24,6 +25,9 @@ int report(const char* kind, const std::string& what, int code) {
 
 int main(int argc, char** argv) {
   using namespace swiftcpp;
+  // Before any thread exists: SIGINT/SIGTERM never run a handler on a computing thread (core/signals.h). The
+  // commands with a clean stop wait for them on a thread of their own; the others get the default action back.
+  block_stop_signals();
   CLI::App root{"swiftcpp: fine-tune, evaluate, quantize and serve LLMs from Hugging Face checkpoints"};
   root.require_subcommand(1);
   root.set_version_flag("--version", std::string("swiftcpp ") + kVersion);
@@ -71,7 +75,10 @@ int main(int argc, char** argv) {
     const std::string warning = blas_warning();
     if (!warning.empty()) std::cerr << "swiftcpp: warning: " << warning << std::endl;
     for (auto& [sub, run] : commands) {
-      if (sub->parsed()) return run();
+      if (!sub->parsed()) continue;
+      const std::string name = sub->get_name();
+      if (name != "train" && name != "rlhf" && name != "bench" && name != "deploy") unblock_stop_signals();
+      return run();
     }
     return report("error", "no subcommand chosen", 2);
   } catch (const ConfigError& e) {

@@ -8,10 +8,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "apps/swiftcpp/commands.h"
 #include "apps/swiftcpp/launch.h"
 #include "core/progress.h"
+#include "core/signals.h"
 #include "train/grpo.h"
 #include "train/rlhf.h"
 #include "train/run.h"
@@ -23,16 +25,16 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_graceful{false};  // a training run is under way: the first signal stops it after the step
 
-extern "C" void on_stop_signal(int signal) {
-  if (g_stop.exchange(true)) {
-    std::signal(signal, SIG_DFL);  // a second signal: stop now
-    std::raise(signal);
-    return;
-  }
+// On the signal thread (core/signals.h): the first SIGINT/SIGTERM of a run asks it to stop after this step; a
+// second one, or one before the run started, ends the process by the signal's default action.
+bool on_stop_signal(int signal) {
+  if (!g_graceful.load() || g_stop.exchange(true)) return false;
   g_signal = signal;
   const char msg[] = "\nswiftcpp: stopping after this step (checkpoint will be saved; signal again to abort)\n";
   [[maybe_unused]] auto n = write(STDERR_FILENO, msg, sizeof msg - 1);
+  return true;
 }
 
 struct TrainOptions {
@@ -65,6 +67,8 @@ int run_tune(const TrainConfig& config, const ChunkTuneOptions& options) {
 }
 
 int run_train(const TrainOptions& o, const std::vector<std::string>& command_line) {
+  std::optional<StopSignals> signals;
+  signals.emplace(on_stop_signal);
   if (o.list_keys) {
     std::cout << "recipe keys (YAML recipe or key=value):\n"
               << train_config_schema().help(o.rlhf ? rlhf_defaults() : TrainConfig{});
@@ -93,9 +97,11 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
     return run_tune(config, o.tune);
   }
   // The launcher: the recipe was checked above; the workers read it again.
-  if (o.launch.nproc_per_node > 0) return launch_workers(o.launch, strip_launcher_options(command_line));
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  if (o.launch.nproc_per_node > 0) {
+    signals.reset();  // the launcher waits for them itself, to pass them on to the workers
+    return launch_workers(o.launch, strip_launcher_options(command_line));
+  }
+  g_graceful = true;
   TrainHooks hooks;
   hooks.out = &std::cerr;
   hooks.tty = stream_is_tty(stderr);
@@ -105,8 +111,7 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
   const TrainResult result = !o.rlhf                     ? run_training(config, hooks)
                              : config.rlhf_type == "grpo" ? run_grpo(config, hooks)
                                                           : run_rlhf(config, hooks);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  g_graceful = false;
   const char* rank = std::getenv("RANK");
   if (rank == nullptr || std::string(rank) == "0") std::cout << result.last_checkpoint.string() << std::endl;
   if (result.interrupted) return 128 + g_signal.load();

@@ -42,7 +42,11 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
     fail<IoError>("cannot run '{}': fork: {}", program, std::strerror(errno));
   }
   if (pid == 0) {
-    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    // An empty mask, not this thread's: the stop signals are blocked here (core/signals.h) and exec would keep
+    // them blocked, so a stop (SIGINT) or a timeout's SIGTERM could not reach the child.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     setpgid(0, 0);  // its own process group, so a timeout or a stop reaches what it started too
     dup2(in_pipe[0], 0);
     dup2(out_pipe[1], 1);

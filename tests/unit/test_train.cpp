@@ -1,12 +1,18 @@
 // The trainer's parts: recipes and their errors, learning-rate schedules, AdamW details, gradient clipping,
 // frozen base weights, gradient checkpointing, bf16 autocast, full fine-tuning, DoRA and dropout.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <thread>
 
+#include "core/signals.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
 #include "nn/kernels.h"
@@ -190,6 +196,53 @@ TEST(Trainer, GradientCheckpointingGivesTheSameLossAndGradients) {
     EXPECT_TRUE(at::allclose(ga[i], gb[i], 1e-5, 1e-5 * ga[i].abs().max().item<double>())) << i << ": max diff " << (ga[i] - gb[i]).abs().max().item<double>()
                                                        << " of " << ga[i].abs().max().item<double>();
   }
+}
+
+// A SIGTERM flood during LoRA training steps, whose products run in oneDNN's JIT GEMM (it points the stack pointer
+// into a heap buffer while it runs): the stop callback runs on the signal thread, never on the computing one, and
+// the heap survives. With a handler installed by std::signal, as train and bench had, the same flood corrupted the
+// heap within a second ("corrupted size vs. prev_size" / "double free or corruption", SIGABRT or SIGSEGV); it was
+// seen as TrainCli's SIGTERM test exiting 134 about one run in ten. In a child process (gtest's threadsafe death
+// test runs the binary again), so that the mask is set before any thread starts.
+[[noreturn]] void train_under_a_signal_flood() {
+  block_stop_signals();
+  std::atomic<int> seen{0};
+  std::atomic<bool> on_computing_thread{false};
+  const std::thread::id computing = std::this_thread::get_id();
+  int steps = 0;
+  {
+    const StopSignals signals([&](int signal) {
+      if (std::this_thread::get_id() == computing) on_computing_thread = true;
+      if (signal == SIGTERM) ++seen;
+      return true;
+    });
+    std::atomic<bool> done{false};
+    std::thread sender([&] {
+      while (!done) {
+        kill(getpid(), SIGTERM);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    Trainer trainer(toy_config("lora"), load_causal_lm(stories_dir()));
+    const Batch batch = toy_batch();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    while (std::chrono::steady_clock::now() < end) {
+      trainer.step({batch}, steps, 1000);
+      ++steps;
+    }
+    done = true;
+    sender.join();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (seen == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  _exit(steps > 0 && seen > 0 && !on_computing_thread ? 0 : 1);
+}
+
+TEST(Trainer, ASignalFloodDuringStepsNeverRunsOnTheComputingThread) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(train_under_a_signal_flood(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Trainer, PaddedBatchTrainsAsOnePackedRowWithThePaddedLossAndGradients) {
