@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# swiftcpp vision-language training benchmark: a LLaVA training step (real Trainer::step) split into vision tower,
-# projector and language model, with a count of how often the tower ran per step. Builds nothing.
+# swiftcpp vision-language training benchmark: a LLaVA and a Qwen2-VL training step (real Trainer::step) split
+# into vision tower, projector / merger and language model, side by side at the same token count, with a count of
+# how often the tower ran per step. Builds nothing.
 #
 #   bash bench/run_mm_train.sh      (after: cmake --build build --target swiftcpp_bench_mm_train)
 #
-# Generates bench/models/bench25m-llava if missing (scripts/make_bench_llava.py: bench25m's language model, a CLIP
-# tower at 336 px with 576 patches, random weights), then runs build/bin/swiftcpp_bench_mm_train once per case:
-#   frozen   LoRA r 16 / alpha 32 on the language model, projector trained in full, tower frozen (freeze_vit)
+# Generates the benchmark models when missing: bench/models/bench25m-llava (scripts/make_bench_llava.py:
+# bench25m's language model, a CLIP tower at 336 px with 576 patches) and bench/models/bench25m-qwen2-vl
+# (scripts/make_bench_qwen2_vl.py: bench25m's language model as Qwen2, a Qwen2-VL tower of the CLIP tower's width
+# and depth, its image processor set so that each test image takes 576-580 tokens), random weights. Then runs
+# build/bin/swiftcpp_bench_mm_train once per round, case and model, alternating the models within each round
+# (for each round: for each case: for each model), so their ratios are taken side by side:
+#   frozen   LoRA r 16 / alpha 32 on the language model, projector / merger trained in full, tower frozen
 #   trained  the same with the tower trained in full (freeze_vit false)
-# Each case: RUNS model loads, each with WARMUP warm-up steps, STEPS timed steps and PROFILED_STEPS profiled steps
-# spread among them; B = BATCH samples a step, one real image and 64 text tokens each (how the batches are made and
-# how the split is measured: the header of bench/bench_mm_train.cpp). Prints a markdown table for
-# docs/benchmarks.md; raw JSON, per-step logs and the table go to bench/results/mm-train-<UTC timestamp>/.
+# Each of the RUNS rounds is one model load with WARMUP warm-up steps, STEPS timed steps and PROFILED_STEPS
+# profiled steps spread among them; B = BATCH samples a step, one real image each, every sample SAMPLE_TOKENS
+# long (how the batches are made and how the split is measured: the header of bench/bench_mm_train.cpp).
+# bench/report_mm_train.py prints the markdown tables for docs/benchmarks.md, with each model's step time and
+# split against the first model's as the median of the per-round ratios; raw JSON, per-step logs and the tables
+# go to bench/results/mm-train-<UTC timestamp>/.
 #
 # Environment knobs (defaults in brackets):
-#   BUILD_DIR [build]  RUNS [3]  THREADS [2]  WARMUP [3]  STEPS [10]  PROFILED_STEPS [4]  BATCH [4]
-#   CASES ["frozen trained"]  MODEL [bench/models/bench25m-llava]  IMAGES [../shared/assets/images]
-#   TOP_OPS [0]  (N > 0: each log also lists the N ops with the most self time in each part)
-#   PYTHON [/usr/bin/python3]  (for the model generator and the table; needs numpy)
-# On the 2-core dev machine, idle, a case takes about 3 minutes with the defaults. Other processes on the cores
-# slow the OpenMP threads down by far more than their share (a busy machine measured 10-20x slower steps), so the
-# table records the load average at the start and end of each case.
+#   BUILD_DIR [build]  RUNS [3] (rounds)  THREADS [2]  WARMUP [3]  STEPS [10]  PROFILED_STEPS [4]  BATCH [4]
+#   SAMPLE_TOKENS [640]  CASES ["frozen trained"]
+#   MODELS ["bench/models/bench25m-llava bench/models/bench25m-qwen2-vl"] (the first is the reference)
+#   MIN_PIXELS, MAX_PIXELS [unset] (override the Qwen2-VL models' image processor bounds)
+#   IMAGES [../shared/assets/images]  TOP_OPS [0] (N > 0: each log also lists the N ops with the most self time
+#   in each part)  PYTHON [/usr/bin/python3] (for the model generators and the tables; needs numpy)
+# On the 2-core dev machine, idle, a round takes about 6 minutes with the defaults (LLaVA about 1 minute a case,
+# Qwen2-VL 1.5 frozen and 3 trained). Other processes on the cores slow the OpenMP threads down by far more than
+# their share (a busy machine measured 10-20x slower steps), so the tables record the load average at the start
+# and end of each process.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,19 +42,21 @@ WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-10}
 PROFILED_STEPS=${PROFILED_STEPS:-4}
 BATCH=${BATCH:-4}
+SAMPLE_TOKENS=${SAMPLE_TOKENS:-640}
 CASES=${CASES:-frozen trained}
-MODEL=${MODEL:-bench/models/bench25m-llava}
+MODELS=${MODELS:-bench/models/bench25m-llava bench/models/bench25m-qwen2-vl}
+MIN_PIXELS=${MIN_PIXELS:-}
+MAX_PIXELS=${MAX_PIXELS:-}
 IMAGES=${IMAGES:-../shared/assets/images}
 TOP_OPS=${TOP_OPS:-0}
 PYTHON=${PYTHON:-/usr/bin/python3}
-BENCH_MODEL=bench/models/bench25m-llava
 
 BENCH_BIN=$BUILD_DIR/bin/swiftcpp_bench_mm_train
 if [[ ! -x $BENCH_BIN ]]; then
     echo "error: $BENCH_BIN not found. Build first: cmake --build $BUILD_DIR --target swiftcpp_bench_mm_train" >&2
     exit 1
 fi
-for v in RUNS THREADS STEPS PROFILED_STEPS BATCH; do
+for v in RUNS THREADS STEPS PROFILED_STEPS BATCH SAMPLE_TOKENS; do
     if [[ ! ${!v} =~ ^[1-9][0-9]*$ ]]; then
         echo "error: $v must be a positive integer (got '${!v}')" >&2
         exit 1
@@ -53,6 +65,12 @@ done
 for v in WARMUP TOP_OPS; do
     if [[ ! ${!v} =~ ^[0-9]+$ ]]; then
         echo "error: $v must be a non-negative integer (got '${!v}')" >&2
+        exit 1
+    fi
+done
+for v in MIN_PIXELS MAX_PIXELS; do
+    if [[ -n ${!v} && ! ${!v} =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: $v must be a positive integer or unset (got '${!v}')" >&2
         exit 1
     fi
 done
@@ -67,14 +85,29 @@ if [[ ! -d $IMAGES ]]; then
     exit 1
 fi
 
-if [[ $MODEL == "$BENCH_MODEL" && ! -f $MODEL/config.json ]]; then
-    echo "generating $MODEL ..." >&2
-    "$PYTHON" scripts/make_bench_llava.py --out "$MODEL" >&2
-fi
-if [[ ! -f $MODEL/config.json || ! -f $MODEL/model.safetensors || ! -f $MODEL/preprocessor_config.json ]]; then
-    echo "error: $MODEL is not a LLaVA checkpoint folder (config.json, model.safetensors, preprocessor_config.json)" >&2
-    exit 1
-fi
+declare -A GENERATOR=([bench/models/bench25m-llava]=scripts/make_bench_llava.py
+                      [bench/models/bench25m-qwen2-vl]=scripts/make_bench_qwen2_vl.py)
+names=()
+for m in $MODELS; do
+    m=${m%/}
+    if [[ -n ${GENERATOR[$m]:-} && ! -f $m/config.json ]]; then
+        echo "generating $m ..." >&2
+        "$PYTHON" "${GENERATOR[$m]}" --out "$m" >&2
+    fi
+    if [[ ! -f $m/config.json || ! -f $m/model.safetensors || ! -f $m/preprocessor_config.json ]]; then
+        echo "error: $m is not a vision-language checkpoint folder (config.json, model.safetensors," \
+             "preprocessor_config.json)" >&2
+        exit 1
+    fi
+    name=$(basename "$m")
+    for n in "${names[@]}"; do
+        if [[ $n == "$name" ]]; then
+            echo "error: two models named $name in MODELS" >&2
+            exit 1
+        fi
+    done
+    names+=("$name")
+done
 
 export OMP_NUM_THREADS=$THREADS
 export OPENBLAS_NUM_THREADS=$THREADS
@@ -83,63 +116,31 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=bench/results/mm-train-$STAMP
 mkdir -p "$OUT"
 
-for c in $CASES; do
-    args=(--model "$MODEL" --images "$IMAGES" --batch "$BATCH" --warmup "$WARMUP" --steps "$STEPS"
-          --profiled-steps "$PROFILED_STEPS" --runs "$RUNS" --threads "$THREADS" --top-ops "$TOP_OPS")
-    [[ $c == trained ]] && args+=(--train-vit)
-    echo "[$c] $BENCH_BIN ${args[*]}" >&2
-    cut -d' ' -f1-3 /proc/loadavg >"$OUT/$c.load-start"
-    if ! "$BENCH_BIN" "${args[@]}" >"$OUT/$c.json" 2>"$OUT/$c.log"; then
-        echo "error: $BENCH_BIN failed for case $c; see $OUT/$c.log" >&2
-        tail -n 20 "$OUT/$c.log" >&2 || true
-        exit 1
-    fi
-    cut -d' ' -f1-3 /proc/loadavg >"$OUT/$c.load-end"
+for ((round = 1; round <= RUNS; ++round)); do
+    for c in $CASES; do
+        for m in $MODELS; do
+            m=${m%/}
+            args=(--model "$m" --images "$IMAGES" --batch "$BATCH" --warmup "$WARMUP" --steps "$STEPS"
+                  --profiled-steps "$PROFILED_STEPS" --runs 1 --threads "$THREADS" --sample-tokens "$SAMPLE_TOKENS"
+                  --top-ops "$TOP_OPS")
+            [[ $c == trained ]] && args+=(--train-vit)
+            if grep -q '"Qwen2VLImageProcessor"' "$m/preprocessor_config.json"; then
+                [[ -n $MIN_PIXELS ]] && args+=(--min-pixels "$MIN_PIXELS")
+                [[ -n $MAX_PIXELS ]] && args+=(--max-pixels "$MAX_PIXELS")
+            fi
+            base=$OUT/$(basename "$m").$c.r$round
+            echo "[round $round/$RUNS, $c] $BENCH_BIN ${args[*]}" >&2
+            cut -d' ' -f1-3 /proc/loadavg >"$base.load-start"
+            if ! "$BENCH_BIN" "${args[@]}" >"$base.json" 2>"$base.log"; then
+                echo "error: $BENCH_BIN failed for $m, case $c; see $base.log" >&2
+                tail -n 20 "$base.log" >&2 || true
+                exit 1
+            fi
+            cut -d' ' -f1-3 /proc/loadavg >"$base.load-end"
+        done
+    done
 done
 
-"$PYTHON" - "$OUT" $CASES <<'EOF' | tee "$OUT/report.md"
-import json
-import os
-import sys
-
-out, cases = sys.argv[1], sys.argv[2:]
-rows = []
-for c in cases:
-    with open(os.path.join(out, c + ".json")) as fh:
-        r = json.load(fh)
-    r["load"] = [open(os.path.join(out, "%s.load-%s" % (c, w))).read().split()[0] for w in ("start", "end")]
-    rows.append(r)
-
-first = rows[0]
-print("Batch %d (one %d-token image run + 64 text tokens each: %d tokens, %d images a step), %d threads, "
-      "%d warm-up + %d timed steps per run, %d runs; split: median of %d profiled steps (%d a run)."
-      % (first["batch"], first["image_tokens_per_step"] // first["batch"], first["tokens_per_step"],
-         first["images_per_step"], first["threads"], first["warmup"], first["steps"], first["runs"],
-         first["split"]["steps"], first["profiled_steps"]))
-print()
-print("| case | trainable | step ms, median [min-max] of runs | tokens/s | images/s | tower runs / step "
-      "| images through the tower / images in the step | load average (1 min) start / end |")
-print("|---|---|---|---|---|---|---|---|")
-for r in rows:
-    runs = r["tower_runs_per_step_min"], r["tower_runs_per_step_max"]
-    imgs = r["tower_images_per_step_min"], r["tower_images_per_step_max"]
-    fmt_range = lambda p: str(p[0]) if p[0] == p[1] else "%d-%d" % p
-    print("| %s | %.2fM | %.0f [%.0f-%.0f] | %.0f | %.2f | %s | %s / %d%s | %s / %s |"
-          % (r["case"], r["trainable_parameters"] / 1e6, r["step_ms_median"], r["step_ms_min"], r["step_ms_max"],
-             r["tokens_per_s"], r["images_per_s"], fmt_range(runs), fmt_range(imgs), r["images_per_step"],
-             "" if r["tower_images_equal_step_images"] else " (MISMATCH)", r["load"][0], r["load"][1]))
-print()
-print("| case | profiled step ms (vs unprofiled) | tower forward | tower backward | projector forward + backward "
-      "| language model forward | language model backward | optimizer |")
-print("|---|---|---|---|---|---|---|---|")
-for r in rows:
-    s = r["split"]
-    total = s["step_ms"]
-    cell = lambda ms: "%.0f (%.1f%%)" % (ms, 100.0 * ms / total)
-    unprof = r["step_ms_median"]
-    print("| %s | %.0f (%+.1f%%) | %s | %s | %s | %s | %s | %s |"
-          % (r["case"], total, 100.0 * (total / unprof - 1), cell(s["tower_fwd_ms"]), cell(s["tower_bwd_ms"]),
-             cell(s["projector_fwd_ms"] + s["projector_bwd_ms"]), cell(s["lm_fwd_ms"]), cell(s["lm_bwd_ms"]),
-             cell(s["optimizer_ms"])))
-EOF
+"$PYTHON" bench/report_mm_train.py "$OUT" --models "${names[@]}" --cases $CASES --rounds "$RUNS" |
+    tee "$OUT/report.md"
 echo "(raw results and logs: $OUT)" >&2
