@@ -17,20 +17,28 @@ plus data):
                               head_dim 8, MLP 172, rope_theta 1e4, tied embeddings), vocab_size 520 (stories260K's
                               512 pieces + the 8 added tokens below), rope_scaling {"type": "mrope",
                               "mrope_section": MROPE_SECTION}, no sliding window; vision_config = VISION (a 2-block
-                              ViT of width 32 whose merger writes the LLM width 64)
+                              ViT of width 64, patch 7, whose merger writes the LLM width 64)
     model.safetensors         model.*: stories260K's real weights (a Llama) as Qwen2: q/k/v biases of zeros;
                               embed_tokens (tied to the output layer, so no lm_head.weight) gets 8 new rows, each the
                               mean of the 512 trained rows (as make_mm_demo.py does); visual.*: random, seeded
                               (init_visual: make_mm_demo.py's CLIP rules mapped onto the Qwen2-VL tower)
-    preprocessor_config.json  Qwen2VLImageProcessor, min_pixels 3136 (56 x 56), max_pixels 12544 (112 x 112), CLIP
-                              mean/std, patch 14, merge 2, temporal patch 2: the demo's image sizes are multiples of
-                              28 inside those bounds, so they are used as they are (one merged token per 28 x 28 px)
+    preprocessor_config.json  Qwen2VLImageProcessor, min_pixels 784 (28 x 28), max_pixels 3136 (56 x 56), CLIP
+                              mean/std, patch 7, merge 2, temporal patch 2: the demo's image sizes are multiples of
+                              14 inside those bounds, so they are used as they are (one merged token per 14 x 14 px).
+                              Patch 7 and width 64 (Qwen2-VL's own are 14 and 1280) give each random patch embedding
+                              about the input the LLaVA demo's CLIP tower gets (8 x 8 px into width 64): at patch
+                              14 and width 32 the frozen tower kept too little of a shape's outline (shape answers
+                              63% after 1,000 steps, colours 100%)
     tokenizer.model           stories260K's sentencepiece model
-    tokenizer_config.json, special_tokens_map.json, chat_template.json, generation_config.json
+    tokenizer_config.json, special_tokens_map.json, chat_template.json
                               LlamaTokenizer (no BOS added, as Qwen2's tokenizer) with Qwen2-VL's special tokens
                               added at 512-519 (ADDED), eos <|im_end|>, pad <|endoftext|>, and Qwen2-VL's chat
                               template (copied from the tiny reference; swiftcpp detects it as "qwen2")
-    img/NNNNN.png             RGB PNGs of one of the sizes in SIZES (h x w: 56x56 ... 112x56 px, 4 to 9 image
+    generation_config.json    generation stops at <|im_end|>: --generation-config qwen writes Qwen2-VL's ids (bos
+                              <|endoftext|>, eos [<|im_end|>, <|endoftext|>]); the default, compat, writes bos <s>
+                              and eos [</s>, <|im_end|>], because swiftcpp today reads the pieces of the BOS and
+                              the first EOS from the sentencepiece model, which does not hold the added tokens
+    img/NNNNN.png             RGB PNGs of one of the sizes in SIZES (h x w: 28x28 ... 56x28 px, 4 to 9 image
                               tokens): one shape (circle, square, triangle) in one colour (red, green, blue,
                               yellow) at a random place and size on a plain grey background, a little pixel noise;
                               img/00000.png .. the first --train are training images, the rest held out
@@ -79,21 +87,23 @@ MROPE_SECTION = [2, 1, 1]  # head_dim 8: 4 rotary frequencies; 2 * (2 + 1 + 1) =
                            # stories260K's plain RoPE.
 VISION = {
     "depth": 2,
-    "embed_dim": 32,
+    "embed_dim": 64,
     "hidden_size": 64,  # the merger's output width = the language model's hidden size
     "hidden_act": "quick_gelu",
     "in_channels": 3,
     "mlp_ratio": 4,
     "model_type": "qwen2_vl",
     "num_heads": 2,
-    "patch_size": 14,
+    "patch_size": 7,
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
 }
-MIN_PIXELS = 56 * 56
-MAX_PIXELS = 112 * 112
-# Image sizes (height, width) in pixels, all multiples of 28 (patch 14 x merge 2): 4, 6, 6, 9, 8 and 8 tokens.
-SIZES = [(56, 56), (56, 84), (84, 56), (84, 84), (56, 112), (112, 56)]
+UNIT = VISION["patch_size"] * VISION["spatial_merge_size"]  # 14 px: one merged image token
+MIN_PIXELS = (2 * UNIT) ** 2
+MAX_PIXELS = (4 * UNIT) ** 2
+# Image sizes (height, width) in pixels, all multiples of UNIT: 4, 6, 6, 9, 8 and 8 tokens.
+SIZES = [(2 * UNIT, 2 * UNIT), (2 * UNIT, 3 * UNIT), (3 * UNIT, 2 * UNIT), (3 * UNIT, 3 * UNIT), (2 * UNIT, 4 * UNIT),
+         (4 * UNIT, 2 * UNIT)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,7 +121,7 @@ def reference_chat_template():
 
 
 def init_visual(rng, v):
-    """The Qwen2-VL tower (`visual.*`) with make_mm_demo.py's CLIP initialisation carried over (D the width 32,
+    """The Qwen2-VL tower (`visual.*`) with make_mm_demo.py's CLIP initialisation carried over (D the width 64,
     L the depth): patch embedding N(0, 0.02); attention qkv N(0, D^-0.5 (2L)^-0.5), proj N(0, D^-0.5); fc1
     N(0, (2D)^-0.5), fc2 N(0, D^-0.5 (2L)^-0.5); LayerNorms weight 1, bias 0; linear biases 0; the merger's
     Linears N(0, 0.02) (the projector's rule). Drawn in the order listed in the file."""
@@ -173,7 +183,7 @@ def language_model(text):
     return tensors
 
 
-def write_checkpoint(out, rng, seed):
+def write_checkpoint(out, rng, seed, generation="compat"):
     with open(os.path.join(STORIES, "config.json")) as fh:
         text = json.load(fh)
     if text["vocab_size"] != FIRST_ADDED:
@@ -271,9 +281,19 @@ def write_checkpoint(out, rng, seed):
         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": "<unk>",
         "additional_special_tokens": ADDED[1:],
     })
+    if generation == "qwen":
+        # Qwen2-VL's own: bos <|endoftext|>, generation stops at <|im_end|> (or <|endoftext|>).
+        bos, eos = TOKEN["<|endoftext|>"], [TOKEN["<|im_end|>"], TOKEN["<|endoftext|>"]]
+    else:
+        # "compat": swiftcpp (2026-12-03) looks up the piece of the BOS and of the first EOS id in the
+        # sentencepiece model itself, which has no added tokens (ids >= 512 fail with "token id 512 is outside the
+        # vocabulary [0, 512)"), so the ids it reads first are stories260K's <s> and </s>; generation still stops
+        # at <|im_end|>, the second EOS, and no BOS is ever added (add_bos_token false). config.json keeps Qwen's
+        # ids either way.
+        bos, eos = 1, [2, TOKEN["<|im_end|>"]]
     mm.write_json(os.path.join(out, "generation_config.json"), {
-        "bos_token_id": TOKEN["<|endoftext|>"], "eos_token_id": [TOKEN["<|im_end|>"], TOKEN["<|endoftext|>"]],
-        "pad_token_id": TOKEN["<|endoftext|>"], "transformers_version": "4.46.0"})
+        "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": TOKEN["<|endoftext|>"],
+        "transformers_version": "4.46.0"})
     # config.json last: a folder with config.json is a finished checkpoint.
     mm.write_json(os.path.join(out, "config.json"), config)
     return sum(x.size for _, x in tensors)
@@ -376,12 +396,16 @@ def main(argv=None):
     ap.add_argument("--train", type=int, default=8000, help="training images (both questions each)")
     ap.add_argument("--heldout", type=int, default=200, help="held-out images (two questions each)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tower, the merger and the data (default 0)")
+    ap.add_argument("--generation-config", choices=["compat", "qwen"], default="compat",
+                    help="generation_config.json's bos/eos: qwen = Qwen2-VL's (bos <|endoftext|>, eos [<|im_end|>, "
+                         "<|endoftext|>]); compat (default) = bos <s>, eos [</s>, <|im_end|>], which today's swiftcpp "
+                         "needs with a sentencepiece tokenizer whose special tokens are added ones")
     args = ap.parse_args(argv)
     if args.train < 1 or args.heldout < 1:
         ap.error("--train and --heldout must be positive")
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    params = write_checkpoint(args.out, rng, args.seed)
+    params = write_checkpoint(args.out, rng, args.seed, args.generation_config)
     n_train, n_val, n_prompts, tokens = write_data(args.out, rng, args.train, args.heldout)
     counts = {n: tokens.count(n) for n in sorted(set(tokens))}
     print("%s: Qwen2-VL checkpoint (%d parameters), %d images of %s px (image tokens per image %s), %d training rows, "
