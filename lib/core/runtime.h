@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace swiftcpp {
@@ -9,8 +10,15 @@ namespace swiftcpp {
 /// The version `swiftcpp --version` prints and reports record.
 inline constexpr const char* kVersion = "0.1.0";
 
-/// Number of CPU cores this process may run on (its affinity mask, at least 1).
+/// Number of CPU cores this process may use: the cores of its affinity mask, capped by a cgroup CPU quota (a
+/// container's `cpu.max`, or cgroup v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`) rounded down; at least 1.
 int usable_cores();
+
+/// The CPU quota of the cgroup a process is in, in cores (quota / period; 1.5 for "150000 100000"), the smallest
+/// over the cgroup and its ancestors; nullopt when there is none ("max", no cpu controller, unreadable files).
+/// `cgroup_mount` is where the hierarchy is mounted (/sys/fs/cgroup), `proc_self_cgroup` the text of
+/// /proc/self/cgroup. Never throws: a file it cannot read or parse counts as no quota.
+std::optional<double> cgroup_cpu_quota(const std::string& cgroup_mount, const std::string& proc_self_cgroup);
 
 /// Sets LibTorch's intra-op thread count; `threads <= 0` means usable_cores(). Returns the count set.
 int configure_threads(int threads);
