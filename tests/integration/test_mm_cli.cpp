@@ -4,6 +4,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "core/fs.h"
@@ -424,6 +427,39 @@ TEST(MmTrainCli, LlavaNextTrainsWithItsAnyresCountsInPaddingPackingAndChunkFlow)
   const auto i = run_cli("infer --model " + model.string() + " --image " + image("coffee.jpg").string() +
                          " --prompt 'What is this?' --max-new-tokens 4 --temperature 0");
   EXPECT_EQ(i.code, 0) << i.out;
+}
+
+// The Qwen2-VL demo's scripts stay runnable: the generator (a small set), the shipped recipe for a few steps,
+// infer over its held-out prompts and the scorer (the full demo's figures: docs/recipes.md).
+TEST(MmTrainCli, TheQwen2VLDemoScriptsBuildTrainAnswerAndScore) {
+  const fs::path base = test::temp_dir("qwen2_vl_demo");
+  const fs::path demo = base / "demo", out = base / "out";
+  const std::string src = test::source_dir().string();
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + src + "/scripts/make_qwen2_vl_demo.py --out " + demo.string() +
+                         " --train 16 --heldout 4 >" + (base / "make.log").string() + " 2>&1")
+                            .c_str()),
+            0);
+  const auto train = run_cli("train --recipe " + src + "/recipes/qwen2_vl_demo.yaml model=" + demo.string() +
+                             " dataset=" + (demo / "train.jsonl").string() + " val_dataset=" +
+                             (demo / "val.jsonl").string() + " output_dir=" + out.string() +
+                             " max_steps=2 per_device_train_batch_size=4 eval_steps=2 save_steps=2 logging_steps=1");
+  ASSERT_EQ(train.code, 0) << train.out;
+  std::string checkpoint = train.out.substr(0, train.out.find_last_not_of('\n') + 1);
+  checkpoint = checkpoint.substr(checkpoint.find_last_of('\n') + 1);
+  ASSERT_TRUE(fs::exists(fs::path(checkpoint) / "adapter_model.safetensors")) << train.out;
+  const fs::path answers = base / "answers.jsonl";
+  const auto infer = run_cli("infer --model " + demo.string() + " --adapters " + checkpoint + " --prompts-file " +
+                             (demo / "heldout_prompts.jsonl").string() + " --output " + answers.string() +
+                             " --temperature 0 --max-new-tokens 4");
+  ASSERT_EQ(infer.code, 0) << infer.out;
+  EXPECT_EQ(std::system(("/usr/bin/python3 " + src + "/scripts/score_mm_demo.py " + answers.string() + " >" +
+                         (base / "score.txt").string())
+                            .c_str()),
+            0);
+  std::ifstream score(base / "score.txt");
+  const std::string text((std::istreambuf_iterator<char>(score)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("accuracy"), std::string::npos) << text;
+  EXPECT_NE(text.find("/8)"), std::string::npos) << text;  // 4 held-out images, both questions each
 }
 
 TEST(MmTrainCli, DataInspectEncodesImageRowsAsTrainingDoes) {
