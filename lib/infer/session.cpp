@@ -81,7 +81,9 @@ EncodedPrompt ModelSession::prompt(const std::string& text, const std::vector<fs
   if (chat() || !images.empty() || encode.images) {
     return prompt(std::vector<ChatMessage>{{"user", text, std::nullopt}}, images);
   }
-  return {encode_raw(text), {}};
+  EncodedPrompt out;
+  out.ids = encode_raw(text);
+  return out;
 }
 
 std::vector<int> encode_raw_prompt(const TextTokenizer& tokenizer, const std::string& text) {

@@ -46,6 +46,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
                             int64_t workspace_elements = int64_t{1} << 23, const ScoreOptions& score = {});
 
+/// Whether attention_blocks with a mask and one key block tiles each batch row separately over just the keys its
+/// queries may see (causal future, other packed samples, padding skipped), or runs the whole batch as one tile with
+/// the masked scores computed (cheaper where tiles would be small: heads x min(128, T) x S under 2^18).
+bool attention_tiles_per_row(int64_t heads, int64_t queries, int64_t keys);
+
 /// Whether attention() itself uses the recomputing kernel of attention_blocks while autograd records (training on
 /// the math backend); on by default. Process-wide.
 void set_recompute_attention(bool on);

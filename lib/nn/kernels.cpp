@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <immintrin.h>
@@ -279,6 +281,20 @@ void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, 
 
 void accumulate_rows_bf16(const float* p, const uint16_t* v, int64_t ldv, int64_t rows, int64_t n, float* out) {
   SWIFTCPP_DISPATCH(accumulate_rows_bf16(p, v, ldv, rows, n, out))
+}
+
+float softmax_row(float* s, int64_t n, float scale, const bool* mask) {
+  switch (active_isa()) {
+    case Isa::kAvx512Vnni:
+    case Isa::kAvx512: return avx512::softmax_row(s, n, scale, mask);
+    case Isa::kAvx2: return avx2::softmax_row(s, n, scale, mask);
+    case Isa::kGeneric: break;
+  }
+  return generic::softmax_row(s, n, scale, mask);
+}
+
+void softmax_backward_row(float* s, float* dp, int64_t n, float scale, const bool* mask, float lse, float delta) {
+  SWIFTCPP_DISPATCH(softmax_backward_row(s, dp, n, scale, mask, lse, delta))
 }
 
 void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo) {

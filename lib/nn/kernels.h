@@ -73,6 +73,17 @@ void accumulate_rows(const float* p, const float* v, int64_t ldv, int64_t rows, 
 /// The same with bfloat16 values (raw bits).
 void accumulate_rows_bf16(const float* p, const uint16_t* v, int64_t ldv, int64_t rows, int64_t n, float* out);
 
+/// Attention's softmax over one row of raw scores s [n] (q . k), in place: s[j] <- scale * s[j] where mask[j]
+/// (every j when mask is null), -inf elsewhere, then the softmax over j (e^x from a polynomial, about 1 ulp; the
+/// same operations in the same order at any thread count). Returns the row's log-sum-exp; a row with no key visible
+/// becomes zeros and returns -inf. mask: n bytes, 0 or 1.
+float softmax_row(float* s, int64_t n, float scale, const bool* mask);
+
+/// Its backward for one row, recomputing the probabilities: p[j] = e^(scale * s[j] - lse) where mask[j] (0
+/// elsewhere) replaces s[j], and dp[j] <- scale * p[j] * (dp[j] - delta) (dp = dO . v, delta = rowsum(dO * O))
+/// becomes the gradient of the raw score.
+void softmax_backward_row(float* s, float* dp, int64_t n, float scale, const bool* mask, float lse, float delta);
+
 /// Whether this build has the fast float32 GEMM below (oneDNN's sgemm, JIT-compiled for the CPU's widest vectors:
 /// AVX-512 where present, where Debian's OpenBLAS 0.3.21 runs its 256-bit Haswell kernels on AMD Zen 4/5) and it
 /// is switched on (set_fast_gemm).

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <limits>
 
 #include "io/gguf.h"
 #include "models/decoder/decoder.h"
@@ -77,6 +78,61 @@ TEST(Kernels, Float32AndBfloat16RowsMatchLibTorchInEveryVariant) {
         EXPECT_EQ(got.scalar_type(), at::kBFloat16);
         EXPECT_LT(rel_err(got, refb), 8e-3) << kernels::isa_name(isa) << " bf16 " << out << "x" << in << " m " << m;
         EXPECT_LT(rel_err(got, refb.to(at::kBFloat16)), 8e-3);
+      }
+    }
+  }
+}
+
+TEST(Kernels, SoftmaxRowsMatchTheFormulaInEveryVariantMaskedAndNot) {
+  IsaScope restore;
+  torch::manual_seed(5);
+  const float scale = 0.125f;
+  // Widths around every lane count (tails of 1..15), a row with one visible key, a row of scores far apart (e^x
+  // underflows to 0 for most keys) and a row with no visible key.
+  for (const kernels::Isa isa : variants()) {
+    kernels::set_isa(isa);
+    for (const int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 33, 146}) {
+      for (int kind = 0; kind < 4; ++kind) {
+        at::Tensor raw = at::randn({n}) * (kind == 3 ? 400.0 : 8.0);
+        at::Tensor mask = at::rand({n}) < 0.6;
+        if (kind == 1) mask.fill_(true);
+        if (kind == 2) {
+          mask.fill_(false);
+          mask[n - 1] = true;
+        }
+        const at::Tensor m64 = mask.to(at::kDouble);
+        const at::Tensor s64 = raw.to(at::kDouble) * static_cast<double>(scale);
+        const at::Tensor masked = s64.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+        const bool any = mask.any().item<bool>();
+        at::Tensor s = raw.clone();
+        const float lse = kernels::softmax_row(s.data_ptr<float>(), n, scale, mask.data_ptr<bool>());
+        const std::string where = std::string(kernels::isa_name(isa)) + " n " + std::to_string(n) + " kind " +
+                                  std::to_string(kind);
+        if (!any) {
+          EXPECT_EQ(lse, -std::numeric_limits<float>::infinity()) << where;
+          EXPECT_EQ(s.abs().max().item<float>(), 0.0f) << where;
+          continue;
+        }
+        const at::Tensor ref_lse = at::logsumexp(masked, {0});
+        const at::Tensor ref = at::softmax(masked, 0);
+        EXPECT_NEAR(lse, ref_lse.item<double>(), 1e-5 * std::max(1.0, std::abs(ref_lse.item<double>()))) << where;
+        EXPECT_LT((s.to(at::kDouble) - ref).abs().max().item<double>(), 2e-7) << where;
+        EXPECT_EQ((s * (1 - mask.to(at::kFloat))).abs().max().item<float>(), 0.0f) << where;  // masked keys: 0
+        // Without a mask every key counts.
+        at::Tensor all = raw.clone();
+        kernels::softmax_row(all.data_ptr<float>(), n, scale, nullptr);
+        EXPECT_LT((all.to(at::kDouble) - at::softmax(s64, 0)).abs().max().item<double>(), 2e-7) << where;
+        // Backward: p recomputed from the log-sum-exp, ds = scale * p * (dp - delta).
+        at::Tensor p = raw.clone(), dp = at::randn({n});
+        const float delta = 0.3f;
+        const at::Tensor dp64 = dp.to(at::kDouble);
+        kernels::softmax_backward_row(p.data_ptr<float>(), dp.data_ptr<float>(), n, scale, mask.data_ptr<bool>(), lse,
+                                      delta);
+        // e^(x - lse) in float32 carries the rounding of x - lse: about |x - lse| ulps, up to ~100 in kind 3.
+        const double tol = kind == 3 ? 6e-6 : 2e-7;
+        EXPECT_LT((p.to(at::kDouble) - ref).abs().max().item<double>(), tol) << where;
+        const at::Tensor ds_ref = ref * (dp64 - delta) * static_cast<double>(scale) * m64;
+        EXPECT_LT((dp.to(at::kDouble) - ds_ref).abs().max().item<double>(), 5 * tol) << where;
       }
     }
   }
@@ -329,14 +385,19 @@ TEST(TrainKernels, ChunkedHeadLossMatchesCrossEntropyInFloat32AndBf16Autocast) {
 TEST(TrainKernels, AttentionSkippingMaskedKeysMatchesTheMathPathForwardAndBackward) {
   at::manual_seed(3);
   // Three rows of 300 queries (three 128-row blocks, the last one short): right padding, packed samples and a
-  // plain causal row; GQA with two query heads a K/V head.
-  const int64_t B = 3, H = 4, Hkv = 2, T = 300, Dh = 16;
+  // plain causal row; GQA with two query heads a K/V head. 4 heads run the batch as one tile, 8 heads a tile per
+  // row over its visible keys; float32 without a cap runs the fused softmax rows, the others the tensor path.
+  const int64_t B = 3, T = 300, Dh = 16;
+  ASSERT_FALSE(nn::attention_tiles_per_row(4, T, T));
+  ASSERT_TRUE(nn::attention_tiles_per_row(8, T, T));
   at::Tensor valid = at::ones({B, T}, at::kBool);
   valid[0].narrow(0, 250, 50).fill_(false);
   at::Tensor segments = at::zeros({B, T}, at::kLong);
   segments[1].narrow(0, 90, 110).fill_(1);
   segments[1].narrow(0, 200, 100).fill_(2);
   const at::Tensor mask = nn::build_attention_mask(B, 0, T, valid, 0, at::kCPU, segments);
+  for (const int64_t H : {4, 8}) {
+  const int64_t Hkv = H / 2;
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble}) {
     const at::Tensor q0 = at::randn({B, H, T, Dh}, dtype), k0 = at::randn({B, Hkv, T, Dh}, dtype);
     const at::Tensor v0 = at::randn({B, Hkv, T, Dh}, dtype), g = at::randn({B, H, T, Dh}, dtype);
@@ -354,12 +415,14 @@ TEST(TrainKernels, AttentionSkippingMaskedKeysMatchesTheMathPathForwardAndBackwa
       nn::set_recompute_attention(true);
       (ref * g.to(at::kDouble)).sum().backward();
       const double tol = dtype == at::kFloat ? 1e-5 : 1e-12;
-      const std::string where = std::string(at::toString(dtype)) + " softcap " + std::to_string(softcap);
+      const std::string where = std::string(at::toString(dtype)) + " softcap " + std::to_string(softcap) +
+                                " heads " + std::to_string(H);
       EXPECT_LT(max_rel(out, ref), tol) << where;
       EXPECT_LT(max_rel(q.grad(), qr.grad()), tol) << where;
       EXPECT_LT(max_rel(k.grad(), kr.grad()), tol) << where;
       EXPECT_LT(max_rel(v.grad(), vr.grad()), tol) << where;
     }
+  }
   }
 }
 
