@@ -47,6 +47,7 @@ struct Options {
   std::string write_init_adapter;
   bool gradient_checkpointing = false;
   bool keep_attention_probs = false;
+  int64_t small_head_dim = -1;  // -1: the library default
   std::string gemm = "auto";  // float32 products: auto (oneDNN where built), libtorch (at::mm, OpenBLAS)
   std::string profile;  // chrome trace of the first run's timed steps (LibTorch's legacy profiler)
   int64_t quant_bits = 0;  // QLoRA: the base's decoder linear layers packed (asymmetric RTN) before training
@@ -199,9 +200,12 @@ int main(int argc, char** argv) {
                  "write a chrome://tracing file of the first run's timed steps (operator times; see bench/profile_ops.py)");
   app.add_flag("--keep-attention-probs", o.keep_attention_probs,
                "train with the attention kernel that keeps its probabilities for backward (default: recompute them)");
+  app.add_option("--small-head-dim", o.small_head_dim,
+                 "train heads of at most this dimension with the row kernels (0: none; default: the library's)");
   CLI11_PARSE(app, argc, argv);
   try {
     configure_threads(o.threads);
+    if (o.small_head_dim >= 0) nn::set_small_head_dim(o.small_head_dim);
     configure_allocator();
     if (o.keep_attention_probs) nn::set_recompute_attention(false);
     if (o.gemm == "libtorch") kernels::set_fast_gemm(false);

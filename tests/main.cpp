@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/runtime.h"
 #include "core/signals.h"
 #include "tests/test_util.h"
 
@@ -21,11 +22,7 @@ int main(int argc, char** argv) {
   if (const int n = swiftcpp::test::test_threads(); n > 0) {
     // Children (the CLI, multi-process workers) inherit the setting through the environment as well.
     setenv("OMP_NUM_THREADS", std::to_string(n).c_str(), 1);
-    // ctest -j2 runs two tests on two cores: with two threads each, OpenMP's default spin-waiting between parallel
-    // regions takes the cores from the other test's threads, and CLI tests that take 25-35 s alone ran past the
-    // 60 s limit. Waiting threads sleep instead (children read it at start; a value already set is kept).
-    if (n > 1) setenv("OMP_WAIT_POLICY", "passive", 0);
-    at::set_num_threads(n);
+    swiftcpp::configure_threads(n);
   }
   return RUN_ALL_TESTS();
 }

@@ -20,6 +20,8 @@
 #include <string>
 #include <thread>
 
+#include "core/parallel.h"
+
 namespace swiftcpp {
 
 namespace {
@@ -186,9 +188,18 @@ int parallel_loop_threads() {
   return static_cast<int>(seen.size());
 }
 
+bool openmp_wait_chosen(const char* const* envp) {
+  if (envp == nullptr) return false;
+  for (const char* const* e = envp; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "OMP_WAIT_POLICY=", 16) == 0 || std::strncmp(*e, "GOMP_SPINCOUNT=", 15) == 0) return true;
+  }
+  return false;
+}
+
 int configure_threads(int threads) {
   const int n = threads > 0 ? threads : usable_cores();
   at::set_num_threads(n);
+  parallel::set_threads(n);
   return n;
 }
 

@@ -20,6 +20,19 @@ int usable_cores();
 /// /proc/self/cgroup. Never throws: a file it cannot read or parse counts as no quota.
 std::optional<double> cgroup_cpu_quota(const std::string& cgroup_mount, const std::string& proc_self_cgroup);
 
+/// How long a thread of an OpenMP team (LibTorch's intra-op threads, oneDNN's and OpenBLAS's GEMMs) waits by
+/// spinning before it sleeps: libgomp's default, 300,000 rounds of `pause` (about 10 ms) whenever the process's
+/// threads fit its cores, burns the cores that a busy machine's other processes (or the team's own late threads)
+/// need, and under contention runs many times slower than one thread. libgomp reads the setting once, from the
+/// environment, when it loads, so the executables start themselves again with this entry added before any
+/// library initialises (apps/openmp_wait.cpp). A bounded spin, then a futex sleep.
+inline constexpr const char* kOpenmpSpinEntry = "GOMP_SPINCOUNT=300";
+
+/// Whether an environment (a null-terminated array of "KEY=VALUE") already chooses how OpenMP threads wait
+/// (OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, to anything): then it is left as the user set it. Plain C string
+/// operations only: it runs before the C++ runtime initialises.
+bool openmp_wait_chosen(const char* const* envp);
+
 /// Sets LibTorch's intra-op thread count; `threads <= 0` means usable_cores(). Returns the count set.
 int configure_threads(int threads);
 

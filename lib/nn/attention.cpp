@@ -1,6 +1,5 @@
 #include "nn/attention.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
 
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "nn/gemm.h"
 #include "nn/kernels.h"
 
@@ -19,6 +19,7 @@ namespace swiftcpp::nn {
 namespace {
 std::atomic<AttentionBackend> g_backend{AttentionBackend::kAuto};
 std::atomic<bool> g_recompute{true};
+std::atomic<int64_t> g_small_head_dim{kSmallHeadDim};
 
 // Explicit path. Query heads of one K/V group are laid side by side so one batched matmul per group serves
 // them all without copying K/V: q [B, Hkv, G*T, Dh] @ k^T [B, Hkv, Dh, S].
@@ -80,7 +81,7 @@ at::Tensor attention_decode(const at::Tensor& q, const at::Tensor& k, const at::
   float* op = out.data_ptr<float>();
   const float root = std::sqrt(static_cast<float>(Dh)), scale = static_cast<float>(score.scale);
   const float cap = static_cast<float>(score.softcap);
-  at::parallel_for(0, B * H, B * H >= 8 ? 1 : B * H, [&](int64_t i0, int64_t i1) {
+  parallel::for_range(0, B * H, 2 * T * S * Dh, [&](int64_t i0, int64_t i1) {
     std::vector<float> p(static_cast<size_t>(S));
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H;
@@ -251,7 +252,7 @@ void for_each_score_row(int64_t Hkv, int64_t G, int64_t rows, int64_t width, con
   const int64_t T = mask.defined() ? mask.size(2) : 0, S = mask.defined() ? mask.size(3) : 0;
   const int64_t lo = t.split ? t.lo : 0;
   const bool shared = mask.defined() && mask.size(0) == 1;
-  at::parallel_for(0, total, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)), [&](int64_t i0, int64_t i1) {
+  parallel::for_range(0, total, 4 * width, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const bool* row = nullptr;
       if (m != nullptr) {
@@ -261,6 +262,44 @@ void for_each_score_row(int64_t Hkv, int64_t G, int64_t rows, int64_t width, con
       fn(i, row);
     }
   });
+}
+
+// Training attention of small heads (kernels::attention_rows_*): float32 on the CPU without a score cap, head
+// dimension at most small_head_dim(). There a score GEMM does Dh multiply-adds per score it writes, and the step is
+// spent moving [T, S] score and gradient matrices through memory; the row kernels keep a KV head's keys and values
+// in L1 and never form them.
+bool small_head_rows(const at::Tensor& q, at::TensorList keys, at::TensorList values, double softcap) {
+  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || softcap != 0 || q.size(3) > g_small_head_dim.load()) {
+    return false;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].scalar_type() != at::kFloat || values[i].scalar_type() != at::kFloat) return false;
+  }
+  return true;
+}
+
+// Keys or values as one transposed block per (batch row, KV head): blocks [B, Hkv, S_i, Dh] -> [B, Hkv, Dh, S].
+at::Tensor transposed_blocks(at::TensorList blocks) {
+  const at::Tensor all = blocks.size() == 1 ? blocks[0] : at::cat(blocks, 2);
+  return all.transpose(2, 3).contiguous();
+}
+
+// The row kernels' view of (batch row b, KV head h): q [B, H, T, Dh] and kt, vt [B, Hkv, Dh, S] contiguous,
+// mask bytes [B|1, 1, T, S] contiguous or undefined.
+kernels::AttentionRows small_head_view(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& vt,
+                                       const at::Tensor& mask, int64_t b, int64_t h, double scale) {
+  const int64_t H = q.size(1), T = q.size(2), Dh = q.size(3), Hkv = kt.size(1), S = kt.size(3), G = H / Hkv;
+  kernels::AttentionRows a;
+  a.q = q.data_ptr<float>() + (b * H + h * G) * T * Dh;
+  a.rows = G * T;
+  a.T = T;
+  a.kt = kt.data_ptr<float>() + (b * Hkv + h) * Dh * S;
+  a.vt = vt.data_ptr<float>() + (b * Hkv + h) * Dh * S;
+  a.S = S;
+  a.Dh = Dh;
+  a.scale = static_cast<float>(scale);
+  a.mask = mask.defined() ? mask.data_ptr<bool>() + (mask.size(0) == 1 ? 0 : b) * T * S : nullptr;
+  return a;
 }
 
 class BlockAttention : public torch::autograd::Function<BlockAttention> {
@@ -275,6 +314,31 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     for (const auto& k : keys) S += k.size(2);
     const auto acc = accumulate_dtype(q);
     const double scale = score_scale != 0 ? score_scale : 1.0 / std::sqrt(static_cast<double>(Dh));
+    if (small_head_rows(q, keys, values, softcap)) {
+      const at::Tensor qc = q.contiguous(), kt = transposed_blocks(keys), vt = transposed_blocks(values);
+      const at::Tensor mask_bytes = mask.defined() ? mask.to(at::kBool).contiguous() : at::Tensor();
+      at::Tensor out = at::empty({B, H, T, Dh}, q.options());
+      at::Tensor lse = at::empty({B, Hkv, G, T}, q.options());
+      float* op = out.data_ptr<float>();
+      float* lp = lse.data_ptr<float>();
+      parallel::for_range(0, B * Hkv, 2 * G * T * S * Dh, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scratch(static_cast<size_t>(S));
+        for (int64_t i = i0; i < i1; ++i) {
+          const kernels::AttentionRows a = small_head_view(qc, kt, vt, mask_bytes, i / Hkv, i % Hkv, scale);
+          kernels::attention_rows_forward(a, op + i * G * T * Dh, lp + i * G * T, scratch.data());
+        }
+      });
+      std::vector<at::Tensor> saved = {q, out, lse};
+      saved.insert(saved.end(), keys.begin(), keys.end());
+      saved.insert(saved.end(), values.begin(), values.end());
+      ctx->save_for_backward(saved);
+      ctx->saved_data["blocks"] = static_cast<int64_t>(keys.size());
+      ctx->saved_data["small_heads"] = true;
+      ctx->saved_data["scale"] = scale;
+      ctx->saved_data["has_mask"] = mask.defined();
+      if (mask.defined()) ctx->saved_data["mask"] = mask_bytes;
+      return out;
+    }
     // With one key block and a mask, each batch row's query blocks skip the keys none of their queries may see
     // (causal future, other packed samples, padding): scores and products over visible keys only.
     const bool split = mask.defined() && keys.size() == 1 && attention_tiles_per_row(H, T, S);
@@ -340,10 +404,59 @@ class BlockAttention : public torch::autograd::Function<BlockAttention> {
     return out;
   }
 
+  // The backward of the small-head path: q, out, lse, then the key and the value blocks were saved.
+  static torch::autograd::variable_list small_head_backward(torch::autograd::AutogradContext* ctx,
+                                                            const torch::autograd::variable_list& saved, size_t n,
+                                                            const at::Tensor& grad) {
+    const at::Tensor mask = ctx->saved_data["has_mask"].toBool() ? ctx->saved_data["mask"].toTensor() : at::Tensor();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor q = saved[0].contiguous(), out = saved[1].contiguous(), lse = saved[2].contiguous();
+    std::vector<at::Tensor> keys(saved.begin() + 3, saved.begin() + 3 + static_cast<std::ptrdiff_t>(n));
+    std::vector<at::Tensor> values(saved.begin() + 3 + static_cast<std::ptrdiff_t>(n),
+                                   saved.begin() + 3 + 2 * static_cast<std::ptrdiff_t>(n));
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Dh = q.size(3), Hkv = keys[0].size(1), G = H / Hkv;
+    const at::Tensor kt = transposed_blocks(keys), vt = transposed_blocks(values);
+    const int64_t S = kt.size(3);
+    const at::Tensor go = grad.to(at::kFloat).contiguous();
+    at::Tensor dq = at::empty({B, H, T, Dh}, q.options());
+    at::Tensor dkt = at::zeros({B, Hkv, Dh, S}, q.options()), dvt = at::zeros({B, Hkv, Dh, S}, q.options());
+    const float* gp = go.data_ptr<float>();
+    const float* op = out.data_ptr<float>();
+    const float* lp = lse.data_ptr<float>();
+    float* dqp = dq.data_ptr<float>();
+    float* dkp = dkt.data_ptr<float>();
+    float* dvp = dvt.data_ptr<float>();
+    parallel::for_range(0, B * Hkv, 5 * G * T * S * Dh, [&](int64_t i0, int64_t i1) {
+      std::vector<float> scratch(static_cast<size_t>(2 * S));
+      for (int64_t i = i0; i < i1; ++i) {
+        const kernels::AttentionRows a = small_head_view(q, kt, vt, mask, i / Hkv, i % Hkv, scale);
+        const int64_t rows = i * G * T;
+        kernels::attention_rows_backward(a, gp + rows * Dh, op + rows * Dh, lp + rows, dqp + rows * Dh,
+                                         dkp + i * Dh * S, dvp + i * Dh * S, scratch.data());
+      }
+    });
+    const at::Tensor dk = dkt.transpose(2, 3), dv = dvt.transpose(2, 3);  // [B, Hkv, S, Dh]
+    torch::autograd::variable_list result;
+    result.push_back(dq);
+    int64_t offset = 0;
+    for (size_t i = 0; i < n; ++i) {
+      result.push_back(dk.narrow(2, offset, keys[i].size(2)).contiguous());
+      offset += keys[i].size(2);
+    }
+    offset = 0;
+    for (size_t i = 0; i < n; ++i) {
+      result.push_back(dv.narrow(2, offset, values[i].size(2)).contiguous());
+      offset += values[i].size(2);
+    }
+    for (int i = 0; i < 4; ++i) result.push_back(at::Tensor());  // mask, workspace, scale, softcap
+    return result;
+  }
+
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const size_t n = static_cast<size_t>(ctx->saved_data["blocks"].toInt());
+    if (ctx->saved_data.count("small_heads") > 0) return small_head_backward(ctx, saved, n, grads[0]);
     const int64_t workspace = ctx->saved_data["workspace"].toInt();
     const at::Tensor mask = ctx->saved_data["has_mask"].toBool() ? ctx->saved_data["mask"].toTensor() : at::Tensor();
     const at::Tensor& q = saved[0];
@@ -473,6 +586,11 @@ void set_attention_backend(AttentionBackend backend) {
 AttentionBackend attention_backend() { return g_backend; }
 
 void set_recompute_attention(bool on) { g_recompute = on; }
+void set_small_head_dim(int64_t max_dim) {
+  if (max_dim < 0) throw ConfigError("small-head attention: head dimension limit " + std::to_string(max_dim) + " < 0");
+  g_small_head_dim = max_dim;
+}
+int64_t small_head_dim() { return g_small_head_dim.load(); }
 bool recompute_attention() { return g_recompute; }
 
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,

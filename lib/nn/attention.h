@@ -56,6 +56,14 @@ bool attention_tiles_per_row(int64_t heads, int64_t queries, int64_t keys);
 void set_recompute_attention(bool on);
 bool recompute_attention();
 
+/// Heads of at most this many dimensions train (attention_blocks, float32 on the CPU, no score cap) with row
+/// kernels that never form the [T, S] scores (kernels::attention_rows_forward/backward).
+inline constexpr int64_t kSmallHeadDim = 32;
+/// The largest head dimension that takes the small-head path (default kSmallHeadDim; 0: none, every head takes
+/// the score GEMMs). Process-wide; for tests and benchmarks.
+void set_small_head_dim(int64_t max_dim);
+int64_t small_head_dim();
+
 /// Context parallelism: one rank's shard of a sequence sharded over a group of ranks, at positions
 /// [past_length, past_length + T) of it. In every layer the shard's K/V are exchanged with the group's.
 class KVExchange {

@@ -297,6 +297,15 @@ void softmax_backward_row(float* s, float* dp, int64_t n, float scale, const boo
   SWIFTCPP_DISPATCH(softmax_backward_row(s, dp, n, scale, mask, lse, delta))
 }
 
+void attention_rows_forward(const AttentionRows& a, float* out, float* lse, float* scratch) {
+  SWIFTCPP_DISPATCH(attention_rows_forward(a, out, lse, scratch))
+}
+
+void attention_rows_backward(const AttentionRows& a, const float* dout, const float* out, const float* lse, float* dq,
+                             float* dkt, float* dvt, float* scratch) {
+  SWIFTCPP_DISPATCH(attention_rows_backward(a, dout, out, lse, dq, dkt, dvt, scratch))
+}
+
 void dequantize_rows(const QuantMatrix& w, int64_t o0, int64_t o1, float* out, int64_t ldo) {
   SWIFTCPP_DISPATCH(dequantize_rows(w, o0, o1, out, ldo))
 }

@@ -84,6 +84,29 @@ float softmax_row(float* s, int64_t n, float scale, const bool* mask);
 /// becomes the gradient of the raw score.
 void softmax_backward_row(float* s, float* dp, int64_t n, float scale, const bool* mask, float lse, float delta);
 
+/// One batch row and KV head of attention whose heads are small (a few dozen dimensions: there the score GEMMs
+/// of BlockAttention move far more memory than they compute), every query row in one pass over keys and values
+/// that stay in L1. q: the KV head's R = G * T query rows [R, Dh] (its G query heads, T rows each); kt, vt: its
+/// keys and values transposed [Dh, S]; mask: [T, S] bytes (row r uses mask row r % T) or null; scale multiplies
+/// q . k. Each row reads only the keys between the first and last its mask row lets it see.
+struct AttentionRows {
+  const float* q = nullptr;
+  int64_t rows = 0, T = 0;
+  const float* kt = nullptr;
+  const float* vt = nullptr;
+  int64_t S = 0, Dh = 0;
+  float scale = 1;
+  const bool* mask = nullptr;
+};
+
+/// out [R, Dh] and lse [R] (softmax_row's; zeros and -inf for a row that sees no key). scratch: S floats.
+void attention_rows_forward(const AttentionRows& a, float* out, float* lse, float* scratch);
+
+/// The backward from dO [R, Dh], the forward's O [R, Dh] and lse [R]: dq [R, Dh] is written, dkt and dvt [Dh, S]
+/// (keys' and values' gradients, transposed) are added to. scratch: 2 * S floats.
+void attention_rows_backward(const AttentionRows& a, const float* dout, const float* out, const float* lse, float* dq,
+                             float* dkt, float* dvt, float* scratch);
+
 /// Whether this build has the fast float32 GEMM below (oneDNN's sgemm, JIT-compiled for the CPU's widest vectors:
 /// AVX-512 where present, where Debian's OpenBLAS 0.3.21 runs its 256-bit Haswell kernels on AMD Zen 4/5) and it
 /// is switched on (set_fast_gemm).

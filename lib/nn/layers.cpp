@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
@@ -13,6 +12,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "nn/gemm.h"
 #include "nn/kernels.h"
 #include "nn/row_adapters.h"
@@ -42,23 +42,19 @@ int64_t kernel_rows(const at::Tensor& x, int64_t in) {
   return rows <= kKernelMaxRows ? rows : 0;
 }
 
-// Runs fn(o0, o1) over output rows [0, out) on LibTorch's intra-op threads. The rows go in chunks of whole 16-row
-// groups, about eight a thread, taken in turn by whichever thread is free: a thread that starts late or runs slow
-// (a shared machine) takes fewer chunks instead of holding the others at the end.
+// Runs fn(o0, o1) over output rows [0, out) on the library's thread team (core/parallel.h). The rows go in chunks of
+// whole 16-row groups, about eight a thread, claimed in turn by whichever thread is free: a thread that starts late
+// or runs slow (a shared machine) takes fewer chunks, and one that never starts holds nobody up.
 template <typename Fn>
 void over_rows(int64_t out, int64_t work_per_row, Fn fn) {
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  // Below ~64k multiply-adds a second thread costs more than it saves.
-  if (threads == 1 || out * work_per_row < (int64_t{1} << 16)) {
+  const int64_t threads = std::max<int64_t>(1, parallel::threads());
+  if (threads == 1 || out * work_per_row < 2 * parallel::kMinParallelWork) {
     fn(int64_t{0}, out);
     return;
   }
   const int64_t chunk = std::max<int64_t>(16, (out + 8 * threads - 1) / (8 * threads) + 15) / 16 * 16;
   const int64_t chunks = (out + chunk - 1) / chunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next++; c < chunks; c = next++) fn(c * chunk, std::min(out, (c + 1) * chunk));
-  });
+  parallel::for_chunks(chunks, [&](int64_t c) { fn(c * chunk, std::min(out, (c + 1) * chunk)); });
 }
 
 kernels::QuantMatrix view_of(const QuantBlocks& b) {
@@ -770,7 +766,7 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   const float* bp = b3.data_ptr<float>();
   float* cp = c.data_ptr<float>();
   std::atomic<bool> ok{true};
-  at::parallel_for(0, batch, 1, [&](int64_t i0, int64_t i1) {
+  parallel::for_range(0, batch, M * N * K, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       if (!kernels::sgemm(ta, tb, M, N, K, 1.0f, ap + i * a3.stride(0), lda, bp + i * b3.stride(0), ldb, 0.0f,
                           cp + i * M * N, N)) {

@@ -1,6 +1,5 @@
 #include "quant/gguf_model.h"
 
-#include <ATen/Parallel.h>
 
 #include <cstring>
 #include <fstream>
@@ -9,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/text.h"
 #include "nn/layers.h"
 #include "tokenizer/tokenizer.h"
@@ -579,7 +579,7 @@ nn::QuantBlocks gguf_blocks(const GgufFile& f, const GgufTensorInfo& info) {
   const uint8_t* src = f.data(info);
   uint8_t* q = b.q.data_ptr<uint8_t>();
   float* scales = b.scales.data_ptr<float>();
-  at::parallel_for(0, rows * blocks, 4096, [&](int64_t i0, int64_t i1) {
+  parallel::for_range(0, rows * blocks, 32, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const uint8_t* block = src + i * block_bytes;
       uint16_t d;

@@ -1,6 +1,5 @@
 #include "quant/packed.h"
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "nn/kernels.h"
 #include "nn/layers.h"
 
@@ -109,7 +109,7 @@ at::Tensor dequantize_columns_cpu(const PackedWeight& p, int64_t first, int64_t 
   const float* sp = s.data_ptr<float>();
   const float* zp = z.data_ptr<float>();
   float* wp = w.data_ptr<float>();
-  at::parallel_for(0, p.in_features, 16, [&](int64_t i0, int64_t i1) {
+  parallel::for_range(0, p.in_features, count, [&](int64_t i0, int64_t i1) {
     dequantize_block(q, p.out_features, first, count, g, sp, zp, p.bits, i0, i1, wp + i0 * count);
   });
   return w;
@@ -133,7 +133,7 @@ at::Tensor packed_gemv_cpu(const PackedWeight& p, const at::Tensor& x) {
   float* yp = y.data_ptr<float>();
   constexpr int64_t kBlock = 256;  // output columns per task: the accumulators stay in L1
   const int64_t blocks = (out + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  parallel::for_range(0, blocks, rows * kBlock * in, [&](int64_t b0, int64_t b1) {
     std::vector<float> acc(static_cast<size_t>(rows * kBlock)), part(static_cast<size_t>(rows * kBlock));
     std::vector<float> tile;
     for (int64_t b = b0; b < b1; ++b) {

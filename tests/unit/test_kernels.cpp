@@ -8,6 +8,7 @@
 #include <array>
 #include <limits>
 
+#include "core/parallel.h"
 #include "io/gguf.h"
 #include "models/decoder/decoder.h"
 #include "nn/attention.h"
@@ -387,6 +388,8 @@ TEST(TrainKernels, AttentionSkippingMaskedKeysMatchesTheMathPathForwardAndBackwa
   // Three rows of 300 queries (three 128-row blocks, the last one short): right padding, packed samples and a
   // plain causal row; GQA with two query heads a K/V head. 4 heads run the batch as one tile, 8 heads a tile per
   // row over its visible keys; float32 without a cap runs the fused softmax rows, the others the tensor path.
+  // (Heads this small would take the row kernels: off here, tested on their own below.)
+  nn::set_small_head_dim(0);
   const int64_t B = 3, T = 300, Dh = 16;
   ASSERT_FALSE(nn::attention_tiles_per_row(4, T, T));
   ASSERT_TRUE(nn::attention_tiles_per_row(8, T, T));
@@ -424,6 +427,69 @@ TEST(TrainKernels, AttentionSkippingMaskedKeysMatchesTheMathPathForwardAndBackwa
     }
   }
   }
+  nn::set_small_head_dim(nn::kSmallHeadDim);
+}
+
+// Small heads (Dh <= nn::kSmallHeadDim) train with the row kernels: forward and every gradient equal the float64
+// math path, with padding, packed samples and causal rows, GQA, keys given as two blocks (a ChunkFlow chunk after
+// its stored past), at one thread and at several (each KV head's rows run on one thread in order).
+TEST(TrainKernels, SmallHeadAttentionMatchesTheMathPathForwardAndBackward) {
+  at::manual_seed(5);
+  const int64_t B = 3, T = 70, H = 6, Hkv = 2, Dh = 8, past = 20;
+  ASSERT_LE(Dh, nn::kSmallHeadDim);
+  at::Tensor valid = at::ones({B, past + T}, at::kBool);
+  valid[0].narrow(0, past + 55, 15).fill_(false);
+  at::Tensor segments = at::zeros({B, past + T}, at::kLong);
+  segments[1].narrow(0, 40, 30).fill_(1);
+  segments[1].narrow(0, 70, 20).fill_(2);
+  const at::Tensor mask = nn::build_attention_mask(B, past, T, valid, 0, at::kCPU, segments);  // [B, 1, T, S]
+  const at::Tensor q0 = at::randn({B, H, T, Dh}), k0 = at::randn({B, Hkv, past + T, Dh});
+  const at::Tensor v0 = at::randn({B, Hkv, past + T, Dh}), g = at::randn({B, H, T, Dh});
+  at::Tensor qr = leaf64(q0), kr = leaf64(k0), vr = leaf64(v0);
+  nn::set_recompute_attention(false);
+  const at::Tensor ref = nn::attention(qr, kr, vr, mask);
+  nn::set_recompute_attention(true);
+  (ref * g.to(at::kDouble)).sum().backward();
+  const int saved_threads = parallel::threads();
+  for (const int threads : {1, 3}) {
+    parallel::set_threads(threads);
+    at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+    at::Tensor v = v0.clone().requires_grad_(true);
+    const at::Tensor out = nn::attention_blocks(q, {k.narrow(2, 0, past), k.narrow(2, past, T)},
+                                                {v.narrow(2, 0, past), v.narrow(2, past, T)}, mask);
+    (out * g).sum().backward();
+    const std::string where = "threads " + std::to_string(threads);
+    EXPECT_LT(max_rel(out, ref), 1e-5) << where;
+    EXPECT_LT(max_rel(q.grad(), qr.grad()), 1e-5) << where;
+    EXPECT_LT(max_rel(k.grad(), kr.grad()), 1e-5) << where;
+    EXPECT_LT(max_rel(v.grad(), vr.grad()), 1e-5) << where;
+  }
+  parallel::set_threads(saved_threads);
+}
+
+// A query row that sees no key gives zeros and no gradient on both training paths (the row kernels and the score
+// GEMMs), and the rows beside it are unchanged; the two paths agree everywhere.
+TEST(TrainKernels, SmallHeadAttentionRowWithoutKeysIsZeroOnBothPaths) {
+  at::manual_seed(6);
+  const int64_t B = 2, T = 12, H = 2, Dh = 4;
+  at::Tensor mask = at::ones({T, T}, at::kBool).tril().view({1, 1, T, T}).expand({B, 1, T, T}).contiguous();
+  mask[1][0][5].fill_(false);
+  const at::Tensor q0 = at::randn({B, H, T, Dh}), k0 = at::randn({B, H, T, Dh}), v0 = at::randn({B, H, T, Dh});
+  const at::Tensor g = at::randn({B, H, T, Dh});
+  std::vector<at::Tensor> results;
+  for (const bool small : {true, false}) {
+    nn::set_small_head_dim(small ? nn::kSmallHeadDim : 0);
+    at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+    at::Tensor v = v0.clone().requires_grad_(true);
+    const at::Tensor out = nn::attention_blocks(q, {k}, {v}, mask);
+    (out * g).sum().backward();
+    EXPECT_EQ(out[1].select(1, 5).abs().max().item<float>(), 0.0f) << "small heads " << small;
+    EXPECT_EQ(q.grad()[1].select(1, 5).abs().max().item<float>(), 0.0f) << "small heads " << small;
+    EXPECT_TRUE(at::isfinite(k.grad()).all().item<bool>());
+    results.insert(results.end(), {out.detach(), q.grad(), k.grad(), v.grad()});
+  }
+  nn::set_small_head_dim(nn::kSmallHeadDim);
+  for (size_t i = 0; i < 4; ++i) EXPECT_LT(max_rel(results[i], results[i + 4]), 1e-5) << "tensor " << i;
 }
 
 }  // namespace

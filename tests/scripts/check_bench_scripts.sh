@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# CTest BenchScripts: the benchmark and project scripts CI does not run still parse (bash -n, py_compile), and
+# bench/report_contention.py turns a results folder into its table (fixture results written here).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PYTHON=${PYTHON:-/usr/bin/python3}
+for f in bench/*.sh scripts/*.sh; do
+    bash -n "$f" || { echo "FAIL: $f does not parse" >&2; exit 1; }
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for f in bench/*.py scripts/*.py; do
+    "$PYTHON" -c "import sys, py_compile; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" \
+        "$f" "$tmp/compiled.pyc" || { echo "FAIL: $f does not compile" >&2; exit 1; }
+done
+
+# Two rounds, quiet and busy, default (t0) and 1..2 threads: busy decode at the default is 450 against the best
+# explicit count's 900 (0.50x); quiet prefill at 2 threads is the best (1.00x).
+res=$tmp/contention
+mkdir -p "$res"
+echo "cpu: fixture" > "$res/machine.txt"
+for r in 1 2; do
+    for load in quiet busy; do
+        for t in 0 1 2; do
+            case $load.$t in
+                quiet.0) d=1000 p=5000 s=300 ;; quiet.1) d=800 p=3000 s=200 ;; quiet.2) d=1000 p=5000 s=300 ;;
+                busy.0) d=450 p=2000 s=100 ;; busy.1) d=900 p=2500 s=150 ;; busy.2) d=400 p=2000 s=90 ;;
+            esac
+            echo "{\"prefill_tok_s\": {\"median\": $p}, \"decode_tok_s\": {\"median\": $d}}" \
+                > "$res/stories260K.$load.t$t.r$r.infer.json"
+            echo "{\"tokens_per_s\": $s}" > "$res/stories260K.$load.t$t.r$r.train.json"
+            [[ $t == 0 ]] || echo "{\"tokens_per_s\": $((s / 2))}" > "$res/stories260K.$load.t$t.r$r.pytorch.json"
+            echo "{\"tokens_per_s\": $((d * 2)), \"ttft_p50_ms\": 5}" > "$res/stories260K.$load.t$t.r$r.serve.json"
+            printf '[\n  {"n_prompt": 0, "n_gen": 128, "avg_ts": %d.5}\n]\n' $((d + 100 * t)) \
+                > "$res/stories260K.$load.t$t.r$r.llama.json"
+        done
+    done
+done
+report=$("$PYTHON" bench/report_contention.py "$res")
+expect() {
+    grep -qF -- "$1" <<<"$report" || { echo "FAIL: the report lacks: $1" >&2; echo "$report" >&2; exit 1; }
+}
+expect "| stories260K | decode | swiftcpp | busy | 450 (0.50x) | 900 (1.00x) | 400 (0.44x) | **0.50x** |"
+expect "| stories260K | prefill | swiftcpp | quiet | 5000 (1.00x) | 3000 (0.60x) | 5000 (1.00x) | **1.00x** |"
+expect "| stories260K | lora step | pytorch | busy | - | 75 (1.00x) | 45 (0.60x) | - |"
+expect "| stories260K | serve 8 streams | swiftcpp | busy | 900 (0.50x) | 1800 (1.00x) | 800 (0.44x) | **0.50x** |"
+expect "| stories260K | decode | llama.cpp | quiet | 1000 (0.83x) | 900 (0.75x) | 1200 (1.00x) | **0.83x** |"
+# A result that is not what its name says names the file.
+echo '{"tokens_per_s": 1}' > "$res/stories260K.quiet.t1.r1.llama.json"
+if "$PYTHON" bench/report_contention.py "$res" 2>"$tmp/err"; then
+    echo "FAIL: the report accepted a llama.cpp result without avg_ts" >&2
+    exit 1
+fi
+grep -q "stories260K.quiet.t1.r1.llama.json" "$tmp/err" || { echo "FAIL: the error does not name the file" >&2; cat "$tmp/err" >&2; exit 1; }
+# A results folder without results is an error, not an empty table.
+if "$PYTHON" bench/report_contention.py "$tmp/compiled.pyc" 2>/dev/null; then
+    echo "FAIL: the report accepted a folder that is not one" >&2
+    exit 1
+fi
+mkdir "$tmp/empty"
+if "$PYTHON" bench/report_contention.py "$tmp/empty" 2>/dev/null; then
+    echo "FAIL: the report accepted a folder without results" >&2
+    exit 1
+fi
+echo "bench scripts parse; the contention report reads its results"
