@@ -9,6 +9,7 @@
 //             are reported.
 // Each thread walks the images round-robin from its own starting image; files are read into memory once, so no
 // disk I/O is timed. Prints one JSON line on stdout and a readable summary on stderr.
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 

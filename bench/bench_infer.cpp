@@ -1,5 +1,6 @@
 // Inference benchmark: prefill and greedy decode tokens/s and peak RSS, printed as one JSON line so
 // bench/run.sh puts it beside llama.cpp's llama-bench and bench/run_pytorch.sh beside eager PyTorch.
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <sys/resource.h>

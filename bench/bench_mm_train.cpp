@@ -48,6 +48,7 @@
 //
 // Prints one JSON object on stdout (with every profiled step's split, so that runs in separate processes can be
 // pooled: bench/run_mm_train.sh) and per-step lines on stderr.
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>

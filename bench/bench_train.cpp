@@ -4,6 +4,7 @@
 //
 //   build/bin/swiftcpp_bench_train --model bench/models/bench25m --mode lora --dtype float32 --batching packing
 //       --batch 4 --seq 512 --warmup 3 --steps 10 --threads 2 --runs 3 --write-batches B.jsonl --write-init-adapter D
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>

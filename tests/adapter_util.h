@@ -2,7 +2,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <iostream>
@@ -11,7 +11,7 @@
 #include "core/fs.h"
 #include "io/safetensors.h"
 #include "peft/lora.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "train/trainer.h"
 
 namespace swiftcpp::test {

@@ -1,10 +1,9 @@
-// Shared helpers of the test suite: where the fixtures are, and reading the reference JSON.
+// Shared helpers of the test suite: where the fixtures are, and reading the reference JSON (tensor helpers:
+// tests/tensor_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <ATen/ATen.h>
-#include <c10/core/Device.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -44,13 +43,6 @@ inline std::filesystem::path shared_dir() { return SWIFTCPP_SHARED_DIR; }
 inline std::filesystem::path assets() { return shared_dir() / "assets"; }
 inline std::filesystem::path stories_dir() { return source_dir() / "models" / "stories260K"; }
 
-/// The device the device-aware tests run on: SWIFTCPP_TEST_DEVICE (cpu, cuda, cuda:N), default cpu.
-/// scripts/gpu_check.sh sets it to cuda.
-inline c10::Device test_device() {
-  const char* name = std::getenv("SWIFTCPP_TEST_DEVICE");
-  return c10::Device(name != nullptr && *name != '\0' ? name : "cpu");
-}
-
 /// The thread count the suite runs at: SWIFTCPP_TEST_THREADS when set to a positive number, else 0 (LibTorch's
 /// default in-process, and each CLI test keeps the --threads it passes). tests/main.cpp applies it in-process.
 inline int test_threads() {
@@ -60,62 +52,12 @@ inline int test_threads() {
   return n > 0 ? n : 0;
 }
 
-/// The absolute tolerance for two float computations of the same quantity that may differ only in rounding
-/// (for instance a reduction split differently across threads): `ulps` units of the dtype's machine epsilon
-/// times `magnitude` (the largest magnitude among the terms involved, or of the result).
-inline double rounding_tolerance(at::ScalarType dtype, double magnitude, double ulps) {
-  double eps = 0;
-  switch (dtype) {
-    case at::kDouble: eps = 0x1p-52; break;
-    case at::kFloat: eps = 0x1p-23; break;
-    case at::kBFloat16: eps = 0x1p-7; break;
-    case at::kHalf: eps = 0x1p-10; break;
-    default: ADD_FAILURE() << "rounding_tolerance: not a floating dtype"; return 0;
-  }
-  return ulps * eps * magnitude;
-}
-
-/// Expects `actual` to equal `expected` up to rounding: every element within rounding_tolerance(dtype,
-/// max |expected|, ulps). For results whose operation order is not fixed (thread-split reductions).
-inline void expect_equal_up_to_rounding(const at::Tensor& actual, const at::Tensor& expected, double ulps,
-                                        const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
-  const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
-  const double magnitude = e.abs().max().item<double>();
-  const double tolerance = rounding_tolerance(expected.scalar_type(), magnitude, ulps);
-  const double gap = (a - e).abs().max().item<double>();
-  EXPECT_LE(gap, tolerance) << what << ": largest difference " << gap << " over a tolerance of " << ulps
-                            << " ulps of " << magnitude;
-}
-
 /// A fresh empty folder under the test temp dir.
 inline std::filesystem::path temp_dir(const std::string& name) {
   const auto dir = std::filesystem::path(::testing::TempDir()) / ("swiftcpp_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
-}
-
-/// Nested JSON lists of numbers -> a float64 tensor of the same shape.
-inline at::Tensor json_to_tensor(const Json& j) {
-  std::vector<int64_t> shape;
-  const Json* cur = &j;
-  while (cur->is_array()) {
-    shape.push_back(static_cast<int64_t>(cur->size()));
-    if (cur->empty()) break;
-    cur = &(*cur)[0];
-  }
-  std::vector<double> flat;
-  std::function<void(const Json&)> walk = [&](const Json& x) {
-    if (x.is_array()) {
-      for (const auto& e : x) walk(e);
-    } else {
-      flat.push_back(x.get<double>());
-    }
-  };
-  walk(j);
-  return at::tensor(flat, at::kDouble).view(shape);
 }
 
 /// Runs `f`, expects it to throw exactly E (not merely another swiftcpp::Error) and the message to contain

@@ -1,7 +1,7 @@
 // A tiny random Llama for exactness tests (float64 makes 1e-10 comparisons meaningful).
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "models/decoder/decoder.h"
 
@@ -22,8 +22,8 @@ inline CausalLM tiny_llama(int64_t vocab, int64_t layers, at::ScalarType dtype =
   c.max_position_embeddings = 64;
   c.rms_norm_eps = 1e-6;
   CausalLM model(c);
-  torch::manual_seed(3);
-  torch::NoGradGuard no_grad;
+  at::manual_seed(3);
+  at::NoGradGuard no_grad;
   for (auto& p : model->parameters()) p.set_data(at::randn(p.sizes(), at::kDouble).mul(0.3).to(dtype));
   model->train();
   return model;

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "infer/session.h"
+namespace swiftcpp {
+struct SessionOptions;  // infer/session.h
+}
 
 namespace swiftcpp::app {
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
+#include "infer/session.h"
 #include "models/registry.h"
 #include "core/error.h"
 #include "data/pipeline.h"

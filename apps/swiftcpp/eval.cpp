@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
+#include "infer/session.h"
 #include "quant/gguf_model.h"
 #include "core/error.h"
 #include "core/fs.h"

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "apps/swiftcpp/commands.h"
+#include "infer/session.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"

@@ -1,5 +1,6 @@
 #include "data/collate.h"
 
+#include <ATen/ATen.h>
 #include <tuple>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Batching: right-padded batches and best-fit-decreasing packing with block-diagonal attention.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <cstdint>

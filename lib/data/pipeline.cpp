@@ -1,5 +1,6 @@
 #include "data/pipeline.h"
 
+#include <ATen/ATen.h>
 #include <array>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #include "data/preference_data.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>

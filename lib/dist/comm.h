@@ -2,7 +2,8 @@
 // backend (Gloo for CPU tensors; NCCL for CUDA tensors when LibTorch was built with it).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>

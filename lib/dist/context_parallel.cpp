@@ -1,5 +1,6 @@
 #include "dist/context_parallel.h"
 
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 
 #include "core/error.h"

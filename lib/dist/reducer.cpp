@@ -1,5 +1,7 @@
 #include "dist/reducer.h"
 
+#include <ATen/ATen.h>
+
 namespace swiftcpp::dist {
 
 GradientReducer::GradientReducer(std::shared_ptr<Communicator> comm, std::vector<at::Tensor> tensors,

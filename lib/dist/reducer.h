@@ -1,7 +1,7 @@
 // The data-parallel gradient reduction, overlapped with the last backward of a step.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>

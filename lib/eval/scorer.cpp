@@ -1,5 +1,6 @@
 #include "eval/scorer.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>

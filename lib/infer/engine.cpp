@@ -1,5 +1,6 @@
 #include "infer/engine.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 // sequence in one batched forward. One thread drives an Engine; nothing in it is shared with other threads.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>

@@ -1,5 +1,6 @@
 #include "infer/sampling.h"
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>

@@ -2,7 +2,8 @@
 // frequency penalties.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 

@@ -1,5 +1,6 @@
 #include "io/gguf.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Half.h>
 #include <fcntl.h>
 #include <sys/mman.h>

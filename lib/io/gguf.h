@@ -4,7 +4,7 @@
 // The writer and reader here, and the block codecs of the quantised types swiftcpp writes (Q8_0, Q4_0).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>

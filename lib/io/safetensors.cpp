@@ -1,5 +1,6 @@
 #include "io/safetensors.h"
 
+#include <ATen/ATen.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <fcntl.h>

@@ -1,5 +1,6 @@
 #include "nn/attention.h"
 
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
 

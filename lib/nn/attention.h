@@ -1,7 +1,8 @@
 // Scaled dot-product attention with grouped K/V heads, explicit masks and a preallocated KV cache.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
 
 #include <utility>
 #include <vector>

@@ -3,7 +3,7 @@
 // once. Each falls back to LibTorch where the fast path does not apply (other dtypes or devices, autocast).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace swiftcpp::nn {
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/layer_config.h"
+
 namespace swiftcpp {
 struct PackedWeight;
 }
@@ -122,13 +124,6 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-/// The kinds of norm decoder blocks use.
-enum class NormKind {
-  kRMSNorm,        // weight * x / rms(x) (Llama)
-  kRMSNormOffset,  // (1 + weight) * x / rms(x), scaled in float32 (Gemma, Gemma 2)
-  kLayerNorm,      // LayerNorm with weight and bias (StarCoder2, Phi)
-};
-
 /// A decoder norm of any NormKind: parameters `weight` [dim] (ones, or zeros with kRMSNormOffset) and, for
 /// kLayerNorm, `bias` [dim], under the names Hugging Face gives them.
 class NormImpl : public torch::nn::Module {
@@ -155,23 +150,6 @@ class LayerNormImpl : public torch::nn::Module {
   double eps;
 };
 TORCH_MODULE(LayerNorm);
-
-/// How rotary frequencies are scaled for long contexts (config.json `rope_scaling`).
-struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3 | longrope
-  double factor = 1.0;
-  double low_freq_factor = 1.0;    // llama3
-  double high_freq_factor = 4.0;   // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3, longrope
-  // longrope (Phi-3): per-frequency divisors [rotary_dim / 2]; the long ones apply to every position of a forward
-  // whose keys reach past original_max_position_embeddings, the short ones otherwise. cos and sin are scaled by
-  // attention_factor with both.
-  std::vector<double> short_factor, long_factor;
-  double attention_factor = 1.0;
-  /// M-RoPE (Qwen2-VL): frequencies [0, s0) rotate by the temporal position, [s0, s0 + s1) by the height and the
-  /// rest by the width position (2 (s0 + s1 + s2) = rotary_dim); empty: one position per token.
-  std::vector<int64_t> mrope_section;
-};
 
 /// Rotary position embedding tables (rotate-half layout, as Hugging Face stores q/k).
 class RotaryEmbedding {
@@ -212,14 +190,6 @@ class RotaryEmbedding {
 /// the rotate-half sign: -sin on the first half of the rotated part).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-/// Activation functions of decoder MLPs, by their Hugging Face names.
-enum class Activation {
-  kSilu,      // silu, swish
-  kGeluTanh,  // gelu_pytorch_tanh, gelu_new, gelu_fast: the tanh approximation
-  kGelu,      // gelu: the exact erf form
-};
-/// Parses a hidden_act / hidden_activation value. Throws ConfigError naming `origin` and the supported names.
-Activation parse_activation(const std::string& name, const std::string& origin);
 /// act(x); silu runs in place on `x` when autograd does not record (pass a tensor the caller owns).
 at::Tensor activate(Activation act, at::Tensor x);
 

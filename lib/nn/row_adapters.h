@@ -3,7 +3,7 @@
 // batch row's own adapter delta to its output.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace swiftcpp::nn {
 

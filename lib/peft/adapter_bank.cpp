@@ -1,5 +1,6 @@
 #include "peft/adapter_bank.h"
 
+#include <ATen/ATen.h>
 #include <map>
 
 #include "core/error.h"

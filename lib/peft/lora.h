@@ -2,7 +2,8 @@
 // saving and loading in the PEFT layout so that adapters move freely between swiftcpp and the Python ecosystem.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <memory>

@@ -1,6 +1,7 @@
 #include "quant/gguf_model.h"
 
 
+#include <ATen/ATen.h>
 #include <cstring>
 #include <fstream>
 #include <iterator>

@@ -1,5 +1,6 @@
 #include "quant/gptq.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <cmath>
 

@@ -5,7 +5,7 @@
 // layers before it, so only one decoder layer's activations are ever held.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>

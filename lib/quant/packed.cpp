@@ -1,5 +1,6 @@
 #include "quant/packed.h"
 
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 
 #include <algorithm>

@@ -8,7 +8,8 @@
 // and W[o, i] = scales[g_idx[i], o] * (Q[o, i] - zeros[g_idx[i], o]).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <memory>

@@ -1,5 +1,6 @@
 #include "serve/service.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <exception>
 

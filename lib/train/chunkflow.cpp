@@ -1,5 +1,6 @@
 #include "train/chunkflow.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <torch/autograd.h>
 

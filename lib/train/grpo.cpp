@@ -1,7 +1,6 @@
 #include "train/grpo.h"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

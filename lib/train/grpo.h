@@ -5,7 +5,7 @@
 // advantages, the loss) are separate from the task that runs them in the training job (run_grpo).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>

@@ -1,5 +1,6 @@
 #include "train/optim.h"
 
+#include <ATen/ATen.h>
 #include <cmath>
 #include <map>
 

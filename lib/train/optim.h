@@ -2,7 +2,7 @@
 // the Hugging Face learning-rate schedules.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,6 @@
 #include "train/preference.h"
 
+#include <ATen/ATen.h>
 #include <cmath>
 #include <utility>
 #include <vector>

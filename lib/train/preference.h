@@ -4,7 +4,7 @@
 // metric names. No model, data or optimizer here: the trainer runs the forwards and feeds the tensors in.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>

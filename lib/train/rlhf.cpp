@@ -1,5 +1,7 @@
 #include "train/rlhf.h"
 
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -1,5 +1,6 @@
 #include "train/run.h"
 
+#include <ATen/ATen.h>
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -1,5 +1,6 @@
 #include "train/schedule.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <chrono>
 

@@ -1,6 +1,7 @@
 // Supervised fine-tuning as a task of the training job: conversations encoded through the chat template, batched
 // as padded rows, packed rows, ChunkFlow chunks or scheduled micro-batches (context-parallel shards included), and
 // the token cross-entropy objective (Trainer::step).
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <map>
 

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,5 +1,6 @@
 #include "train/tune_chunks.h"
 
+#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <algorithm>

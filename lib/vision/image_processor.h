@@ -4,7 +4,7 @@
 // aspect ratio, so the count varies with the image.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <cstdint>

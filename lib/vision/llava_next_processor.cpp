@@ -1,5 +1,6 @@
 #include "vision/llava_next_processor.h"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -17,7 +17,7 @@
 // Every function here is thread-safe (no global state).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,6 @@
 #include "vision/processor.h"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -14,7 +14,7 @@
 // global state; nothing depends on the floating-point environment).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <cstdint>

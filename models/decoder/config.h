@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/layers.h"
+#include "nn/layer_config.h"
 
 namespace swiftcpp {
 

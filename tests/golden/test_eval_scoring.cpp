@@ -1,5 +1,6 @@
 // Log-likelihood scoring: the batched, context-sharing scorer against a plain forward and against Hugging Face's
 // per-record NLL; lm-eval's pair tokenisation; rolling perplexity windows.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <c10/core/InferenceMode.h>

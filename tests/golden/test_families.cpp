@@ -4,7 +4,7 @@
 // ../shared/assets/reference/families (README there: tiny random checkpoints, transformers 4.40.2 or a 4.46 tree,
 // float32, eager attention).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <unistd.h>
 
@@ -19,7 +19,7 @@
 #include "quant/gguf_model.h"
 #include "quant/gptq.h"
 #include "tests/adapter_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "train/trainer.h"
 
 namespace swiftcpp {
@@ -234,7 +234,7 @@ TEST(FamilyTrainParity, MoeStepWithGradientCheckpointingEqualsThePlainStep) {
 // Soft-capped attention (Gemma 2) trains through the recomputing block kernel: its gradients equal autograd's
 // through the explicit path, with a mask and grouped K/V heads.
 TEST(FamilyKernels, SoftCappedBlockAttentionBackwardMatchesAutograd) {
-  torch::manual_seed(3);
+  at::manual_seed(3);
   const auto opts = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor q0 = at::randn({2, 4, 7, 8}, opts) * 2, k0 = at::randn({2, 2, 7, 8}, opts) * 2;
   const at::Tensor v0 = at::randn({2, 2, 7, 8}, opts), g = at::randn({2, 4, 7, 8}, opts);

@@ -1,10 +1,10 @@
 // Generation: llama2.c's and Hugging Face's greedy texts, KV-cache consistency, batching, stops, seeds.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "infer/generate.h"
 #include "io/safetensors.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {

@@ -5,7 +5,8 @@
 // Also the reward functions (GSM8K accuracy on the real test rows, the format pattern, the length and repetition
 // shapes, external commands and their failures) and the prompt rows.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <fstream>
@@ -20,7 +21,7 @@
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "tests/parity_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "train/grpo.h"
 #include "train/optim.h"
 #include "train/rewards.h"

@@ -1,7 +1,7 @@
 // Golden tests: LLaVA-1.5 (CLIP tower + projector + Llama) against transformers 4.40.2 on the tiny reference
 // checkpoint (../shared/assets/reference/llava).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
@@ -14,7 +14,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
 #include "tests/adapter_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 
 namespace swiftcpp {
 namespace {

@@ -4,7 +4,7 @@
 // (image_newline rows included) and the logits of each case through model->forward, the config and its
 // parameter count, and refused configs.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <functional>
 #include <iostream>
@@ -14,7 +14,7 @@
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "models/registry.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "vision/image.h"
 #include "vision/image_processor.h"
 #include "vision/llava_next_processor.h"

@@ -1,12 +1,13 @@
 // Golden tests: our decoder's logits against the Hugging Face transformers reference data.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "models/registry.h"
 #include "nn/attention.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 
 namespace swiftcpp {
 namespace {
@@ -137,7 +138,7 @@ TEST(GoldenLogits, Stories260KBfloat16WithinStatedTolerance) {
 // The explicit matmul/softmax attention and SDPA give the same result (where SDPA exists).
 TEST(GoldenLogits, MathAndSdpaAttentionAgree) {
   if (!nn::sdpa_available()) GTEST_SKIP() << "skipped: LibTorch " << TORCH_VERSION << " has no scaled_dot_product_attention";
-  torch::manual_seed(0);
+  at::manual_seed(0);
   const auto dev = test::test_device();
   const at::Tensor q = at::randn({2, 8, 5, 16}).to(dev), k = at::randn({2, 4, 9, 16}).to(dev),
                    v = at::randn({2, 4, 9, 16}).to(dev);
@@ -154,7 +155,7 @@ TEST(GoldenLogits, MathAndSdpaAttentionAgree) {
 
 // GQA attention equals the textbook form with K/V repeated per group and a causal mask offset by the cache.
 TEST(Attention, GroupedQueryMatchesRepeatedHeads) {
-  torch::manual_seed(1);
+  at::manual_seed(1);
   const at::Tensor q = at::randn({1, 6, 3, 4}, at::kDouble), k = at::randn({1, 2, 7, 4}, at::kDouble),
                    v = at::randn({1, 2, 7, 4}, at::kDouble);
   const at::Tensor mask = nn::build_attention_mask(1, 4, 3, at::Tensor(), 0, at::Device(at::kCPU));

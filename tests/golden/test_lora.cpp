@@ -1,13 +1,13 @@
 // LoRA against the real peft library: adapters peft wrote load and reproduce its logits, our trainer reproduces
 // peft + torch.optim.AdamW training steps, merging equals applying, and our adapters round-trip.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "tests/adapter_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "train/trainer.h"
 
 namespace swiftcpp {

@@ -4,7 +4,8 @@
 // its mismatched KL batch, and one DPO step of the trainer (pair_objective inside Trainer's step parts). The policy is stories260K + lora_init, the reference the same
 // model with its adapters switched off. Also the options' checks and the reward model's loss by hand.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +23,7 @@
 #include "peft/lora.h"
 #include "tests/adapter_util.h"
 #include "tests/parity_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "train/optim.h"
 #include "train/preference.h"
 #include "train/rlhf.h"

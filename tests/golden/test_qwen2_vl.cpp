@@ -3,7 +3,7 @@
 // image, two images of different sizes, a padded batch with different image counts per row, the loss case, and
 // greedy generation with the KV cache.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "data/collate.h"
 #include "infer/engine.h"
@@ -18,7 +18,7 @@
 #include "template/template.h"
 #include "train/trainer.h"
 #include "tests/adapter_util.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 
 namespace swiftcpp {
 namespace {

@@ -3,7 +3,7 @@
 // launcher does, checkpoints resume under another world size, and a worker that dies or hangs stops the job with
 // a clear error while the last checkpoint stays intact.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <chrono>
 #include <cmath>

@@ -2,7 +2,7 @@
 // NaN training loss stops the run without a checkpoint (or is skipped when the recipe says so), NaN options are
 // refused, and lengths beyond the model's context are cut or refused with a clear message.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <cmath>

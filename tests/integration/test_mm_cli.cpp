@@ -1,7 +1,7 @@
 // Vision-language models through the swiftcpp binary: infer with --image, prompts files with images, the
 // interactive /image command, and the errors of bad images and text models given images.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdlib>

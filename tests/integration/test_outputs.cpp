@@ -3,6 +3,7 @@
 // data cache, infer/eval/export/quantize outputs) is checked to leave an existing output intact and no temporary
 // file behind when it fails, and the CLI to refuse devices, FIFOs, symbolic link loops and paths under a regular
 // file with a clean error naming the path. Every CLI run has a time limit, so a FIFO cannot hang the suite.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>

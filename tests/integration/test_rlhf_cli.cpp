@@ -3,7 +3,7 @@
 // fine-tuning with a reference copy, precomputed reference log-probabilities, two processes equal to one with
 // gradient accumulation, and keys that do not fit the method refused by name.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <fstream>

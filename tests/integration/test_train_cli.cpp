@@ -1,7 +1,7 @@
 // `swiftcpp train` end to end: outputs, exact resume after SIGTERM and after a hard kill, refused resumes, bad
 // recipes, `infer --adapters` and `export --merge-lora`.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <fstream>
 #include <regex>

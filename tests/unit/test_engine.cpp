@@ -1,14 +1,14 @@
 // The continuous-batching engine: per-row KV cache, sequences joining and leaving a running batch, cancellation,
 // penalties, and the OpenAI request decoding the server uses.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "infer/engine.h"
 #include "infer/generate.h"
 #include "peft/adapter_bank.h"
 #include "peft/lora.h"
 #include "serve/openai.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {

@@ -1,7 +1,7 @@
 // Evaluation with images: custom tasks with image_field (paths, placeholders, few-shot images), multiple-choice
 // and generation items scored on the tiny reference LLaVA against a forward pass computed by hand, and bad input.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <fstream>
 
@@ -156,7 +156,7 @@ struct TinyLlava {
   }
   // Full logits of one unpadded sequence without a cache: [T, V].
   at::Tensor logits(const std::vector<int64_t>& ids, const at::Tensor& pixel_values) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     ForwardOptions o;
     o.pixel_values = pixel_values;
     return model->forward(at::tensor(ids, at::kLong).view({1, -1}), o).squeeze(0).to(at::kDouble);
@@ -248,7 +248,7 @@ struct TinyQwen {
   double loglikelihood(const std::string& context, const std::string& continuation, const std::vector<fs::path>& files) {
     const auto [ctx, unused] = encode(context, files);
     const auto [whole, inputs] = encode(context + continuation, files);
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     ForwardOptions o;
     o.pixel_values = inputs.pixel_values;
     o.image_grid_thw = inputs.image_grid_thw;

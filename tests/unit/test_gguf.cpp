@@ -2,7 +2,7 @@
 // llama.cpp's q/k permutation, and stories260K exported and read back (same logits in f32, quantised weights where
 // they belong), plus `swiftcpp export --format gguf`.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <unistd.h>
 
@@ -53,7 +53,7 @@ TEST(GgufCodec, Q8_0BlockMatchesTheFormulaAndRoundsHalfAwayFromZero) {
   EXPECT_EQ(static_cast<int8_t>(out[2 + 8]), -64);
   // Random rows: every value within half a step of the original, plus what storing the step as f16 costs (up to
   // 127 steps x 2^-11 relative for Q8_0, 8 x 2^-11 for Q4_0).
-  torch::manual_seed(0);
+  at::manual_seed(0);
   const at::Tensor r = at::randn({4096});
   std::vector<uint8_t> q(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, 4096)));
   quantize_q8_0(r.data_ptr<float>(), 4096, q.data());
@@ -80,7 +80,7 @@ fs::path write_sample(const fs::path& file) {
   w.set({"f64"}, {GgufType::FLOAT64, GgufType::STRING, 0.1});
   w.set_array("strings", GgufType::STRING, Json::array({"a", "", "\xe2\x96\x81the"}));
   w.set_array("floats", GgufType::FLOAT32, Json::array({1.5, -2.0}));
-  torch::manual_seed(1);
+  at::manual_seed(1);
   w.add_tensor("matrix", at::randn({3, 64}), GgmlType::F32);
   w.add_tensor("half", at::randn({2, 32}), GgmlType::F16);
   w.add_tensor("q8", at::randn({5, 64}), GgmlType::Q8_0);
@@ -108,7 +108,7 @@ TEST(GgufFile, RoundTripsEveryMetadataTypeAndTensorType) {
   EXPECT_EQ(g->at("floats").value, Json::array({1.5, -2.0}));
   ASSERT_EQ(g->tensors().size(), 5u);
   for (const auto& t : g->tensors()) EXPECT_EQ(t.offset % 32, 0u) << t.name;
-  torch::manual_seed(1);
+  at::manual_seed(1);
   const at::Tensor m = at::randn({3, 64}), h = at::randn({2, 32}), q8 = at::randn({5, 64}), q4 = at::randn({1, 32}),
                    v = at::randn({7});
   // Exact: F32 and F16 are stored bytes (F16 compared with the same conversion).

@@ -2,7 +2,7 @@
 // NaN/Inf weights (a warning naming them), NaN/Inf training losses (the run stops, or the step is skipped), NaN
 // and Inf settings, and lengths beyond the model's context.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <fstream>

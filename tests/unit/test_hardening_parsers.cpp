@@ -1,6 +1,7 @@
 // Parsers of outside data under hostile input: nesting depth, numbers out of range, declared sizes that the data
 // cannot back (2^40 bytes), unpacking limits. Each test reproduces an input that crashed, hung, aborted or
 // allocated far too much before its fix; the crashes the fuzz targets (fuzz/) found are here too.
+#include <ATen/ATen.h>
 #include <bzlib.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -3,7 +3,7 @@
 // converted without rounding); and the models that use them giving the logits of the float paths.
 #include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <array>
 #include <limits>
@@ -61,7 +61,7 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 TEST(Kernels, Float32AndBfloat16RowsMatchLibTorchInEveryVariant) {
   IsaScope restore;
   at::NoGradGuard no_grad;
-  torch::manual_seed(0);
+  at::manual_seed(0);
   for (const kernels::Isa isa : variants()) {
     kernels::set_isa(isa);
     for (const auto& [out, in] : kShapes) {
@@ -86,7 +86,7 @@ TEST(Kernels, Float32AndBfloat16RowsMatchLibTorchInEveryVariant) {
 
 TEST(Kernels, SoftmaxRowsMatchTheFormulaInEveryVariantMaskedAndNot) {
   IsaScope restore;
-  torch::manual_seed(5);
+  at::manual_seed(5);
   const float scale = 0.125f;
   // Widths around every lane count (tails of 1..15), a row with one visible key, a row of scores far apart (e^x
   // underflows to 0 for most keys) and a row with no visible key.
@@ -142,7 +142,7 @@ TEST(Kernels, SoftmaxRowsMatchTheFormulaInEveryVariantMaskedAndNot) {
 TEST(Kernels, QuantisedBlocksMatchTheirDequantisedProductInEveryVariant) {
   IsaScope restore;
   at::NoGradGuard no_grad;
-  torch::manual_seed(1);
+  at::manual_seed(1);
   for (const int bits : {8, 4}) {
     for (const auto& [out, in] : kShapes) {
       const int64_t blocks = (in + 31) / 32;
@@ -179,7 +179,7 @@ TEST(Kernels, QuantisedBlocksMatchTheirDequantisedProductInEveryVariant) {
 
 TEST(Kernels, KernelsStayOutOfAutograd) {
   // With autograd recording, the layer runs LibTorch's linear and its input gets the usual gradient.
-  torch::manual_seed(2);
+  at::manual_seed(2);
   const at::Tensor w = at::randn({9, 40});
   const at::Tensor x = at::randn({1, 40}).requires_grad_(true);
   nn::dense_linear(x, w, at::Tensor()).sum().backward();
@@ -192,7 +192,7 @@ TEST(Kernels, KernelsStayOutOfAutograd) {
 }
 
 TEST(Kernels, GptqLayersConvertExactlyUnlessABlockSpansTwoGroups) {
-  torch::manual_seed(3);
+  at::manual_seed(3);
   const at::Tensor w = at::randn({24, 96});
   for (const int64_t bits : {4, 8}) {
     for (const int64_t group : {int64_t{32}, int64_t{96}, int64_t{-1}}) {

@@ -2,10 +2,10 @@
 // training step by: one "vision_tower" range per encode, holding every image, then one "multi_modal_projector".
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "models/decoder/decoder.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 
 namespace swiftcpp {
 namespace {

@@ -3,7 +3,7 @@
 // data cache with images, and ChunkFlow boundaries that never cut an image's run. Real images from
 // ../shared/assets/images and the tiny-llava tokenizer (`<image>` = 512, 16 features per image, 56 px).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cstring>
 #include <fstream>

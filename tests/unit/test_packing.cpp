@@ -1,7 +1,7 @@
 // Padding and packing collators: every sample placed once, and a packed row computes exactly what the same
 // samples compute one by one (loss and gradients, float64).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <random>
 
@@ -126,7 +126,7 @@ TEST(Packing, PackedAndPaddedRowsEqualSeparateSamplesInFloat64) {
 TEST(Packing, WithoutSegmentIdsPackedSamplesLeak) {
   CausalLM model = tiny_model();
   const auto samples = random_samples(2, 4);
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   Batch packed = collate_packed({{&samples[0], &samples[1]}}, 0);
   const double with = batch_loss(model, packed).item<double>();
   packed.segment_ids = at::Tensor();

@@ -1,13 +1,14 @@
 // Preference data: every row form and its bad rows, encoding with a prompt shared by both answers and labels only
 // on the answers, TRL's truncation, the 2B-row pair batch and the KTO/KL batches against TRL's reference layout,
 // and the threaded, cached pipeline.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 
 #include "data/preference_data.h"
-#include "tests/test_util.h"
+#include "tests/tensor_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp {

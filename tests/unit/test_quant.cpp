@@ -2,7 +2,7 @@
 // conventions, the tiled packed product and its gradient, GPTQ, QLoRA's adapters over a packed base, `swiftcpp
 // quantize` end to end and loading packed checkpoints back.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <fstream>
 #include <regex>
@@ -29,7 +29,7 @@ TEST(QuantPacking, RowsPackLowBitsFirstAndRoundTrip) {
   const at::Tensor high = at::full({8, 3}, 15, at::kInt);
   EXPECT_EQ(pack_rows(high, 4)[0][0].item<int32_t>(), -1);
   EXPECT_TRUE(at::equal(unpack_rows(pack_rows(high, 4), 4), high));
-  torch::manual_seed(0);
+  at::manual_seed(0);
   for (int64_t bits : {4, 8}) {
     const at::Tensor v = at::randint(0, int64_t{1} << bits, {64, 24}, at::kInt);
     const at::Tensor p = pack_rows(v, bits);
@@ -39,7 +39,7 @@ TEST(QuantPacking, RowsPackLowBitsFirstAndRoundTrip) {
 }
 
 TEST(QuantRtn, ErrorsStayWithinHalfAStepAndTheLayoutIsGptqs) {
-  torch::manual_seed(1);
+  at::manual_seed(1);
   const at::Tensor w = at::randn({64, 128});
   QuantSpec spec;
   spec.bits = 4;
@@ -78,7 +78,7 @@ double output_error(const at::Tensor& w, const PackedWeight& p, const at::Tensor
 }
 
 TEST(QuantPackedLinear, TilesGiveTheDenseProductAndItsInputGradient) {
-  torch::manual_seed(2);
+  at::manual_seed(2);
   const at::Tensor w = at::randn({1024, 4096}) * 0.05;
   const auto p = std::make_shared<const PackedWeight>(quantize_rtn(w, QuantSpec{4, 128, false}, "layer"));
   ASSERT_EQ(p->tile_rows(), 512);  // 2^21 weights a tile: this layer takes two
@@ -111,7 +111,7 @@ TEST(QuantPackedLinear, TilesGiveTheDenseProductAndItsInputGradient) {
 
 TEST(QuantGptq, AnIdentityHessianGivesRoundToNearest) {
   // Uncorrelated inputs of equal energy: no error is worth moving, and GPTQ must reduce to RTN exactly.
-  torch::manual_seed(3);
+  at::manual_seed(3);
   const at::Tensor w = at::randn({64, 128});
   for (const QuantSpec& spec : {QuantSpec{4, 32, true}, QuantSpec{4, 64, false}, QuantSpec{8, -1, true}}) {
     GptqOptions o;
@@ -127,7 +127,7 @@ TEST(QuantGptq, AnIdentityHessianGivesRoundToNearest) {
 }
 
 TEST(QuantGptq, CorrelatedInputsLoseLessThanRoundToNearest) {
-  torch::manual_seed(4);
+  at::manual_seed(4);
   const int64_t in = 256;
   // Inputs with correlated features of unequal energy, as transformer activations have.
   const at::Tensor mix = at::randn({in, in}) / std::sqrt(static_cast<double>(in)) + at::eye(in);
@@ -163,7 +163,7 @@ TEST(QuantGptq, CorrelatedInputsLoseLessThanRoundToNearest) {
 TEST(QuantGptq, LayerByLayerOnAModelBeatsRoundToNearestOnHeldOutText) {
   CausalLM model = test::tiny_llama(64, 2, at::kFloat);
   model->eval();
-  torch::manual_seed(5);
+  at::manual_seed(5);
   std::vector<std::vector<int64_t>> calibration;
   for (int i = 0; i < 16; ++i) {
     const at::Tensor ids = at::randint(0, 64, {24}, at::kLong);
@@ -221,7 +221,7 @@ TEST(QuantQlora, AdaptersOverAPackedBaseTrainAsOverItsDequantisedWeights) {
   // B starts at zero: give it values so that the gradient of A is not trivially zero.
   const auto tp = adapter_tensors(packed, lora), td = adapter_tensors(dense, lora);
   ASSERT_EQ(tp.size(), td.size());
-  torch::manual_seed(6);
+  at::manual_seed(6);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < tp.size(); ++i) {

@@ -1,6 +1,6 @@
 // The architecture registry, config.json decoding and checkpoint/model mismatches.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 
@@ -208,7 +208,7 @@ TEST(Registry, Qwen3MatchesTextbookForward) {
                  {"max_position_embeddings", 64}};
   const fs::path dir = temp_dir("qwen3");
   write_file_atomic(dir / "config.json", config.dump());
-  torch::manual_seed(7);
+  at::manual_seed(7);
   CausalLM shell(load_decoder_config(dir));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& p : shell->named_parameters()) {

@@ -1,4 +1,5 @@
 // Runtime set-up: threads, BLAS detection and stop signals.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // Sampling filters on hand-computed cases.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "core/error.h"
 #include "infer/sampling.h"

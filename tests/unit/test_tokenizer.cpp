@@ -4,7 +4,7 @@
 // coexist in one process (linking both directly crashes before main()).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <atomic>
 #include <fstream>
@@ -373,7 +373,7 @@ TEST(TokenizerSentencePiece, ConcurrentEncodeMatchesSerial) {
 TEST(TokenizerSentencePiece, WorksAlongsideLibTorch) {
   const auto tokenizer = load_tokenizer(stories_dir());
   const std::vector<int> ids = tokenizer->encode_with_specials("Once upon a time");
-  const at::Tensor tensor = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong);
+  const at::Tensor tensor = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong);
   // tensor: [T]
   EXPECT_EQ(tensor.size(0), 5);
   EXPECT_EQ(tensor.sum().item<int64_t>(), 1 + 403 + 407 + 261 + 378);

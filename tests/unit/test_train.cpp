@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <atomic>
 #include <chrono>
