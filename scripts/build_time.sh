@@ -53,7 +53,7 @@ row() {  # step, command...
   local step=$1; shift
   local log="$work/step_${step%% *}.log"
   local before l0 t0 t1
-  before=$(wc -l < "$build/.ninja_log" 2>/dev/null || echo 0)
+  before=0; [ -f "$build/.ninja_log" ] && before=$(wc -l < "$build/.ninja_log")
   l0=$(load); t0=$(now)
   "$@" >"$log" 2>&1 || { echo "build_time: step '$step' failed (log: $log)" >&2; tail -20 "$log" >&2; exit 1; }
   t1=$(now)
