@@ -45,7 +45,7 @@ fi
 load() { cut -d' ' -f1 /proc/loadavg; }
 now() { date +%s.%N; }
 # compiled <ninja log lines before>: translation units compiled since (object files in .ninja_log)
-compiled() { tail -n +"$(( $1 + 1 ))" "$build/.ninja_log" | grep -c '\.o$' || true; }
+compiled() { tail -n +"$(( $1 + 1 ))" "$build/.ninja_log" | awk -F'\t' '$4 ~ /\.o$/ { n++ } END { print n + 0 }'; }
 
 echo "| step | seconds | translation units | load before | load after |"
 echo "|---|---:|---:|---:|---:|"
