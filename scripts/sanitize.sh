@@ -45,8 +45,9 @@ run_tsan() {
   configure_and_build build-tsan thread
   local logs=$root/build-tsan/sanitizer-logs
   rm -rf "$logs" && mkdir -p "$logs"
-  # The threaded parts of the suite (see the header of this script).
-  local threaded='Pipeline\.|Concurrent|GradientReducer\.|ContextParallel\.|DistCli\.|TrainCli\.|Launcher'
+  # The threaded parts of the suite (see the header of this script), by CTest name: a GoogleTest suite is one test
+  # ("BpeLoad.*", tests/discover_tests.cmake), the *Cli suites one per test.
+  local threaded='Pipeline\.|BpeLoad\.|TokenizerSentencePiece\.|GradientReducer\.|ContextParallel\.|DistCli\.|TrainCli\.|Launcher'
   # setarch -R: ThreadSanitizer needs the fixed layout that high mmap randomisation of newer kernels breaks.
   TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp:log_path=$logs/tsan" \
   SWIFTCPP_TEST_THREADS=1 OMP_NUM_THREADS=1 \

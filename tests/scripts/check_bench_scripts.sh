@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest BenchScripts: the benchmark and project scripts CI does not run still parse (bash -n, py_compile), and
-# bench/report_contention.py turns a results folder into its table (fixture results written here).
+# bench/report_contention.py and bench/report_builds.py turn results folders into their tables (fixtures written here).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -62,4 +62,25 @@ if "$PYTHON" bench/report_contention.py "$tmp/empty" 2>/dev/null; then
     echo "FAIL: the report accepted a folder without results" >&2
     exit 1
 fi
-echo "bench scripts parse; the contention report reads its results"
+# bench/report_builds.py: two rounds of two builds; the new build trains 10% and 20% faster (median 1.15x), decodes
+# at the same speed, and a round whose file is not JSON names the file.
+builds=$tmp/builds
+mkdir -p "$builds"
+for r in 1 2; do
+    echo "{\"tokens_per_s\": 1000}" > "$builds/train.old.r$r.json"
+    echo "{\"tokens_per_s\": $((1000 + 100 * r))}" > "$builds/train.new.r$r.json"
+    for side in old new; do
+        echo '{"prefill_tok_s": {"median": 3000}, "decode_tok_s": {"median": 200}}' > "$builds/decode1.$side.r$r.json"
+        echo '{"prefill_tok_s": {"median": 4000}, "decode_tok_s": {"median": 600}}' > "$builds/decode8.$side.r$r.json"
+    done
+done
+report=$("$PYTHON" bench/report_builds.py "$builds")
+expect "| LoRA step, batch 4 x 512 (tokens/s) | 1000.0 | 1150.0 | 1.10, 1.20 | **1.15x** |"
+expect "| decode, batch 8 (tokens/s) | 600.0 | 600.0 | 1.00, 1.00 | **1.00x** |"
+echo "not json" > "$builds/train.new.r2.json"
+if "$PYTHON" bench/report_builds.py "$builds" 2>"$tmp/err"; then
+    echo "FAIL: the builds report accepted a result that is not JSON" >&2
+    exit 1
+fi
+grep -q "train.new.r2.json" "$tmp/err" || { echo "FAIL: the builds report's error does not name the file" >&2; exit 1; }
+echo "bench scripts parse; the contention and builds reports read their results"
