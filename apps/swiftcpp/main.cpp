@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   block_stop_signals();
   CLI::App root{"swiftcpp: fine-tune, evaluate, quantize and serve LLMs from Hugging Face checkpoints"};
   root.require_subcommand(1);
+  // Global options (--threads) are accepted after the subcommand too: `swiftcpp infer ... --threads 1`. Set before
+  // the subcommands are added, which inherit it.
+  root.fallthrough();
   root.set_version_flag("--version", std::string("swiftcpp ") + kVersion);
   app::GlobalOptions globals;
   root.add_option("--threads", globals.threads, "CPU threads (0: every core this process may use)")
@@ -60,7 +63,10 @@ int main(int argc, char** argv) {
   try {
     root.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return root.exit(e);
+    // --help and --version print and exit 0 as the parser does; a usage error is reported as every other error of
+    // the program, with its exit code.
+    if (e.get_exit_code() == 0) return root.exit(e);
+    return report("error", fmt::format("{} (see swiftcpp --help, or swiftcpp COMMAND --help)", e.what()), 2);
   }
   try {
     // Several workers on one machine (the launcher, torchrun): each takes its share of the cores by default.

@@ -194,9 +194,25 @@ int64_t count_image_placeholders(std::string_view text) {
   return n;
 }
 
+void refuse_unsupported_columns(const Json& row, const std::string& where) {
+  if (!row.is_object()) return;
+  for (const char* key : {"videos", "audios", "objects"}) {
+    if (!row.contains(key)) continue;
+    const Json& v = row.at(key);
+    if (v.is_null() || ((v.is_array() || v.is_object()) && v.empty()) ||
+        (v.is_string() && v.get_ref<const std::string&>().empty())) {
+      continue;
+    }
+    bad(where, "unsupported column",
+        fmt::format("'{}': {} are not supported yet; remove the column or the row", key,
+                    std::string(key) == "objects" ? "grounding objects" : key));
+  }
+}
+
 Conversation normalise_row(const Json& row, const std::string& where, const std::optional<std::string>& system_override,
                            const fs::path& base_dir) {
   if (!row.is_object()) bad(where, "unknown format", std::string("a row must be a JSON object, got ") + row.type_name());
+  refuse_unsupported_columns(row, where);
   Conversation c;
   c.where = where;
   const bool has_column = row.contains("images") && !row.at("images").is_null();

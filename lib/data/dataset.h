@@ -49,6 +49,11 @@ class BadRowError : public FormatError {
   std::string reason_;
 };
 
+/// Refuses (BadRowError "unsupported column", naming the column) a row with a non-empty ms-swift column that
+/// swiftcpp does not train from yet: "videos", "audios", "objects" (grounding). Taken as text, their tags would be
+/// trained as words. Null and empty columns pass.
+void refuse_unsupported_columns(const Json& row, const std::string& where);
+
 /// Recognises and normalises one row (auto-detected per row):
 ///   {"messages": [{"role", "content", "loss"?|"loss_weight"?}]}   content: string or a list of parts
 ///   {"conversations": [{"from": human|gpt|system, "value"}], "system"?}                        (ShareGPT)
@@ -61,7 +66,8 @@ class BadRowError : public FormatError {
 /// Every form may carry "images": a list of paths (strings or {"path": ...}) or a single path string, one per
 /// placeholder in order. Relative image paths are resolved against `base_dir` (the dataset file's folder; empty:
 /// left relative). `system_override`, when set, replaces the row's system prompt (or adds one).
-/// Throws BadRowError naming `where` when the row has no assistant turn, roles out of order (after an optional
+/// Throws BadRowError naming `where` when the row has an unsupported column (refuse_unsupported_columns), no
+/// assistant turn, roles out of order (after an optional
 /// system message, user and assistant must alternate, starting with user and ending with assistant), a
 /// non-string content, tool-call roles (not supported yet) or an unknown form; and, for a row that has images
 /// (an "images" column or image parts), when "images" is malformed ("bad images"), both an "images" column and

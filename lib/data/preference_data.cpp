@@ -100,6 +100,7 @@ Conversation normalise_text_only(const Json& sft_row, const std::string& where,
 PreferenceRow normalise_preference_row(const Json& row, const std::string& where, PreferenceTask task,
                                        const std::optional<std::string>& system_override) {
   if (!row.is_object()) bad(where, "unknown format", std::string("a row must be a JSON object, got ") + row.type_name());
+  refuse_unsupported_columns(row, where);
   if (has(row, "images") && !(row.at("images").is_array() && row.at("images").empty())) {
     bad(where, kPreferenceImagesReason, "the row has an 'images' column");
   }

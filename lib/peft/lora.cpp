@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/runtime.h"
 #include "core/text.h"
 #include "io/safetensors.h"
 #include "quant/packed.h"
@@ -215,6 +216,105 @@ Json adapter_config_json(const LoraConfig& c) {
   return j;
 }
 
+namespace {
+
+std::string regex_escape(const std::string& text) {
+  static const std::string special = R"(\^$.|?*+()[]{})";
+  std::string out;
+  for (const char ch : text) {
+    if (special.find(ch) != std::string::npos) out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+// "model.layers.3.mlp.up_proj" -> "model\.layers\.\d+\.mlp\.up_proj": every index of a module list becomes \d+.
+std::string path_template(const std::string& path) {
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const bool index = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    out += index ? std::string(R"(\d+)") : regex_escape(part);
+    if (dot == std::string::npos) return out;
+    out += R"(\.)";
+    start = dot + 1;
+  }
+}
+
+}  // namespace
+
+LoraConfig peft_saved_config(CausalLM& model, const LoraConfig& config) {
+  std::set<std::string> adapted;
+  for (auto& [path, linear] : linear_layers(model)) {
+    if (linear->lora) adapted.insert(path);
+  }
+  LoraConfig out = config;
+  if (adapted.empty()) return out;
+  std::vector<std::string> modules;
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) modules.push_back(item.key());
+  const auto selected = [&](const auto& selects) {
+    std::set<std::string> chosen;
+    for (const auto& m : modules) {
+      if (selects(m)) chosen.insert(m);
+    }
+    return chosen;
+  };
+
+  // The layers' names, when no other module's path ends with one of them.
+  std::set<std::string> names;
+  for (const auto& path : adapted) names.insert(path.substr(path.rfind('.') + 1));
+  const auto by_name = selected([&](const std::string& m) {
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return path_matches(m, n); });
+  });
+  if (by_name == adapted) {
+    out.target_modules.assign(names.begin(), names.end());
+    out.target_modules_regex = false;
+    return out;
+  }
+
+  // A regex: each path with its list indices as \d+ where that selects exactly the adapted paths of its shape (every
+  // layer's), else the paths themselves; then the leaves of a common parent as one group.
+  std::map<std::string, std::set<std::string>> shapes;  // template -> adapted paths of that shape
+  for (const auto& path : adapted) shapes[path_template(path)].insert(path);
+  std::map<std::string, std::set<std::string>> leaves;  // parent pattern -> leaf patterns
+  const std::string dot = R"(\.)";
+  const auto add = [&](const std::string& pattern) {
+    const size_t at = pattern.rfind(dot);
+    if (at == std::string::npos) {
+      leaves[""].insert(pattern);  // a module at the top (lm_head)
+    } else {
+      leaves[pattern.substr(0, at)].insert(pattern.substr(at + dot.size()));
+    }
+  };
+  for (const auto& [shape, paths] : shapes) {
+    const std::regex re(shape);
+    if (selected([&](const std::string& m) { return std::regex_match(m, re); }) == paths) {
+      add(shape);
+    } else {
+      for (const auto& path : paths) add(regex_escape(path));
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [parent, leaf] : leaves) {
+    if (parent.empty()) {
+      parts.insert(parts.end(), leaf.begin(), leaf.end());
+      continue;
+    }
+    parts.push_back(parent + dot + (leaf.size() == 1 ? *leaf.begin() : "(" + fmt::format("{}", fmt::join(leaf, "|")) + ")"));
+  }
+  const std::string pattern = parts.size() == 1 ? parts[0] : "(" + fmt::format("{}", fmt::join(parts, "|")) + ")";
+  const std::regex re(pattern);
+  if (selected([&](const std::string& m) { return std::regex_match(m, re); }) != adapted) {
+    fail<Error>("internal: the target_modules regex '{}' does not select exactly the {} adapted layers", pattern,
+                adapted.size());
+  }
+  out.target_modules = {pattern};
+  out.target_modules_regex = true;
+  return out;
+}
+
 void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -225,7 +325,7 @@ void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config
     tensors.emplace_back(t.name, v.scalar_type() == at::kDouble ? v : v.to(at::kFloat));
   }
   save_safetensors(dir / "adapter_model.safetensors", tensors, {{"format", "pt"}});
-  write_file_atomic(dir / "adapter_config.json", adapter_config_json(config).dump(2) + "\n");
+  write_file_atomic(dir / "adapter_config.json", adapter_config_json(peft_saved_config(model, config)).dump(2) + "\n");
 }
 
 namespace {
@@ -270,6 +370,10 @@ LoraConfig parse_adapter_config(const fs::path& config_path, std::string& target
     for (const auto& m : ms) c.modules_to_save.push_back(m.get<std::string>());
   }
   if (c.r < 1) fail<ConfigError>("{}: r must be at least 1, got {}", origin, c.r);
+  if (!std::isfinite(c.lora_alpha)) fail<ConfigError>("{}: lora_alpha must be a finite number, got {}", origin, c.lora_alpha);
+  if (!(c.lora_dropout >= 0 && c.lora_dropout < 1)) {
+    fail<ConfigError>("{}: lora_dropout must be in [0, 1), got {}", origin, c.lora_dropout);
+  }
 
   return c;
 }
@@ -329,6 +433,10 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     }
     used.insert(key);
     const at::Tensor t = file.tensor(it->second);
+    if (!at::isFloatingType(t.scalar_type())) {
+      fail<FormatError>("{}: tensor {} is {}; adapter tensors are floating point (float32, bfloat16 or float16)",
+                        weights_path.string(), it->second, c10::toString(t.scalar_type()));
+    }
     if (t.sizes().vec() != shape) {
       misshaped.push_back(fmt::format("{} (file {}, expected {})", it->second, fmt::join(t.sizes(), "x"), fmt::join(shape, "x")));
       return {};
@@ -349,10 +457,14 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     attached.emplace_back(linear, lora);
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_values;
+  std::vector<std::string> saved_names;
   for (auto& [path, module] : saved_modules(model, c.modules_to_save)) {
     for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const at::Tensor v = take(kPrefix + path + "." + p.key(), p.value().sizes().vec());
-      if (v.defined()) saved_values.emplace_back(p.value(), v);
+      if (v.defined()) {
+        saved_values.emplace_back(p.value(), v);
+        saved_names.push_back(path + "." + p.key());
+      }
     }
   }
   std::vector<std::string> unexpected;
@@ -367,6 +479,28 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     if (!misshaped.empty()) msg += "\n  wrong shape: " + list_names(misshaped, 8);
     if (!unexpected.empty()) msg += "\n  unexpected: " + list_names(unexpected, 8);
     throw ModelError(msg);
+  }
+  // Values NaN or Inf, or a scale that makes every output overflow, are reported as base weights are
+  // (warn_nonfinite_weights): the adapter loads, and the user learns why its outputs are NaN.
+  std::vector<std::string> nonfinite;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const auto& lora = attached[i].second;
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"lora_A", &lora->lora_A},
+                                  {"lora_B", &lora->lora_B}, {"lora_magnitude_vector", &lora->magnitude}}) {
+      if (t->defined() && !all_finite(*t)) nonfinite.push_back(paths[i] + "." + name);
+    }
+  }
+  for (size_t i = 0; i < saved_values.size(); ++i) {
+    if (!all_finite(saved_values[i].second)) nonfinite.push_back(saved_names[i]);
+  }
+  if (!nonfinite.empty()) {
+    warn(fmt::format("{}: {} adapter tensor{} hold NaN or Inf values, so outputs computed with the adapter will be "
+                     "NaN or garbage: {}", weights_path.string(), nonfinite.size(), nonfinite.size() == 1 ? "" : "s",
+                     list_names(nonfinite)));
+  }
+  if (std::abs(c.scale()) > 1e4) {
+    warn(fmt::format("{}: lora_alpha {} over r {} scales the adapter's output by {:g}: outputs are likely to overflow",
+                     config_path.string(), c.lora_alpha, c.r, c.scale()));
   }
   at::NoGradGuard no_grad;
   for (auto& [linear, lora] : attached) {

@@ -69,8 +69,19 @@ LoraConfig read_adapter_config(const fs::path& dir);
 /// lora_B.weight [out, r], lora_magnitude_vector [out], and modules_to_save as base_model.model.<path>.weight).
 std::vector<TrainableTensor> adapter_tensors(CausalLM& model, const LoraConfig& config);
 
-/// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (float32 unless the tensors are wider),
-/// each atomically. Throws IoError.
+/// `config` as adapter_config.json records it: target_modules names exactly the layers of `model` that carry an
+/// adapter, in a form peft resolves to those modules and no others among all of the model's modules (peft 0.10+:
+/// a list selects a path equal to or ending with ".<name>", a string is re.fullmatch'ed against each path). The
+/// layers' names when they select exactly those layers (["down_proj", ..., "v_proj"] in a text model), else one
+/// regex over the paths ("model\.layers\.\d+\.self_attn\.(k_proj|o_proj|q_proj|v_proj)" for a Qwen2-VL's
+/// language model, whose vision tower has linear layers named like them, or a mixture of experts' adapted
+/// subset). "all-linear" is never written: peft expands it to every linear layer of the whole model (the vision
+/// tower's and the routers included) and stops at a vision tower's Conv3d that shares a linear layer's name.
+/// Unchanged when no layer carries an adapter.
+LoraConfig peft_saved_config(CausalLM& model, const LoraConfig& config);
+
+/// Writes DIR/adapter_config.json (peft_saved_config) and DIR/adapter_model.safetensors (float32 unless the
+/// tensors are wider), each atomically. Throws IoError.
 void save_adapter(const fs::path& dir, CausalLM& model, const LoraConfig& config);
 
 /// Folds every adapter into its base weight (W + scale B A, DoRA: m / ||W + scale B A|| * (W + scale B A),

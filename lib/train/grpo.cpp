@@ -321,6 +321,7 @@ std::vector<ChatMessage> messages_of(const Json& list, const std::string& where)
 
 GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where) {
   if (!row.is_object()) bad_row(where, "unknown format", "a row must be a JSON object");
+  refuse_unsupported_columns(row, where);
   GrpoPrompt p;
   p.where = where;
   std::vector<std::string> consumed;

@@ -3,6 +3,12 @@
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <functional>
+#include <regex>
+#include <set>
+
+#include "core/runtime.h"
 #include "io/safetensors.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
@@ -187,6 +193,91 @@ TEST(PeftAdapter, AdapterForAnotherModelIsRefusedWithTheTensors) {
   EXPECT_THROW(load_adapter(model, test::temp_dir("no_adapter")), IoError);
 }
 
+// Adapter values load_adapter checks, in every command (they all load through it): integer-typed tensors are
+// refused naming the tensor; NaN or Inf values and a scale that overflows every output load with a warning naming
+// them, as non-finite base weights do; a non-finite lora_alpha or a dropout outside [0, 1) is refused by key.
+TEST(PeftAdapter, IntegerTensorsAreRefusedAndNonFiniteValuesOrAbsurdScalesWarned) {
+  CausalLM model = load_causal_lm(stories_dir());
+  LoraConfig c;
+  c.r = 4;
+  c.lora_alpha = 8;
+  c.target_modules = {"q_proj", "v_proj"};
+  inject_lora(model, c, 5);
+  const fs::path good = test::temp_dir("lora_values_good");
+  save_adapter(good, model, c);
+  const std::string a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+  const std::string b = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight";
+  // Rewrites the adapter in `dir` with `edit` applied to its tensors and `config_edit` to its config.
+  const auto variant = [&](const std::string& name, const std::function<at::Tensor(const std::string&, at::Tensor)>& edit,
+                           const std::function<void(Json&)>& config_edit) {
+    const fs::path dir = test::temp_dir(name);
+    const Checkpoint ours = Checkpoint::open(good / "adapter_model.safetensors");
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& n : ours.names()) tensors.emplace_back(n, edit(n, ours.tensor(n).clone()));
+    save_safetensors(dir / "adapter_model.safetensors", tensors);
+    Json config = load_json_file(good / "adapter_config.json");
+    config_edit(config);
+    write_file_atomic(dir / "adapter_config.json", config.dump(2));
+    return dir;
+  };
+  const auto same = [](const std::string&, at::Tensor t) { return t; };
+  const auto keep = [](Json&) {};
+  std::vector<std::string> warnings;
+  struct SinkGuard {
+    WarningSink previous;
+    ~SinkGuard() { set_warning_sink(previous); }
+  } guard{set_warning_sink([&](const std::string& m) { warnings.push_back(m); })};
+
+  const fs::path integer = variant("lora_values_int", [&](const std::string& n, at::Tensor t) {
+    return n == a ? t.to(at::kLong) : t;
+  }, keep);
+  try {
+    CausalLM fresh = load_causal_lm(stories_dir());
+    load_adapter(fresh, integer);
+    ADD_FAILURE() << "an int64 lora_A loaded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(a), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Long"), std::string::npos) << e.what();
+  }
+
+  const fs::path nan = variant("lora_values_nan", [&](const std::string& n, at::Tensor t) {
+    if (n == b) t.index_put_({0, 0}, std::nan(""));
+    return t;
+  }, keep);
+  warnings.clear();
+  {
+    CausalLM fresh = load_causal_lm(stories_dir());
+    EXPECT_NO_THROW(load_adapter(fresh, nan));
+  }
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("model.layers.1.self_attn.v_proj.lora_B"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("NaN or Inf"), std::string::npos) << warnings[0];
+
+  const fs::path absurd = variant("lora_values_alpha", same, [](Json& j) { j["lora_alpha"] = 1e30; });
+  warnings.clear();
+  {
+    CausalLM fresh = load_causal_lm(stories_dir());
+    EXPECT_NO_THROW(load_adapter(fresh, absurd));
+  }
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("lora_alpha 1e+30"), std::string::npos) << warnings[0];
+
+  warnings.clear();
+  {
+    CausalLM fresh = load_causal_lm(stories_dir());
+    EXPECT_NO_THROW(load_adapter(fresh, good));  // the unchanged adapter: no warning, no error
+  }
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  const fs::path dropout = variant("lora_values_dropout", same, [](Json& j) { j["lora_dropout"] = 1.5; });
+  CausalLM fresh = load_causal_lm(stories_dir());
+  try {
+    load_adapter(fresh, dropout);
+    ADD_FAILURE() << "lora_dropout 1.5 loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("lora_dropout"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainParity, StoriesThreeLoraStepsMatchPeft) {
   SWIFTCPP_REQUIRE_SHARED(stories_ref());
   const Json ref = load_json_file(stories_ref() / "lora_step.json");
@@ -228,6 +319,115 @@ TEST(TrainParity, TinyQwen2OneLoraStepMatchesPeft) {
   const double rel = adapter_rel_error(trainer.trainables(), tiny_ref() / "qwen2_lora_after1");
   std::cout << "[parity] qwen2 adapters after 1 step: max relative error " << rel << std::endl;
   EXPECT_LT(rel, kAdapterRelTol);
+}
+
+// peft's matching rules, applied to an adapter_config.json (peft.tuners.tuners_utils.check_target_module_exists and
+// peft.utils.other._set_trainable, peft 0.10+): a string target_modules is re.fullmatch'ed against every module
+// path of the model; a list selects a path equal to an entry or ending with "." + entry; a modules_to_save entry
+// selects every path that ends with it. "all-linear" (every Linear of the whole model but the output layer) is not
+// emulated: an adapter that says it fails the test, since peft expands it beyond what was adapted.
+struct PeftSelection {
+  std::set<std::string> targets, saved;
+};
+
+PeftSelection peft_selects(const Json& config, const std::set<std::string>& modules) {
+  PeftSelection out;
+  const Json& tm = config.at("target_modules");
+  EXPECT_NE(tm, Json("all-linear")) << "peft expands all-linear to every Linear of the whole model";
+  for (const auto& m : modules) {
+    const auto ends_with = [&](const std::string& s) {
+      return m.size() >= s.size() && m.compare(m.size() - s.size(), s.size(), s) == 0;
+    };
+    if (tm.is_string()) {
+      if (std::regex_match(m, std::regex(tm.get<std::string>()))) out.targets.insert(m);
+    } else {
+      for (const auto& t : tm) {
+        if (m == t.get<std::string>() || ends_with("." + t.get<std::string>())) out.targets.insert(m);
+      }
+    }
+    if (config.at("modules_to_save").is_array()) {
+      for (const auto& t : config.at("modules_to_save")) {
+        if (ends_with(t.get<std::string>())) out.saved.insert(m);
+      }
+    }
+  }
+  return out;
+}
+
+// Every module path of a Hugging Face checkpoint: the prefixes of its tensor names ("model.layers.0.mlp.up_proj"
+// of "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp", ...), as transformers' named_modules() lists the
+// modules that hold parameters.
+std::set<std::string> checkpoint_modules(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& name : Checkpoint::open(dir).names()) {
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+      out.insert(name.substr(0, dot));
+    }
+  }
+  return out;
+}
+
+// For every family of the registry (a Hugging Face checkpoint each: the bundled Llama, the families' tiny
+// checkpoints, the vision-language models), the adapters the trainer writes, with all-linear and with a name list,
+// name under peft's rules exactly the modules they adapted and saved: no vision-tower layer that shares a name
+// (Qwen2-VL's `proj`, CLIP's q_proj), no router of a mixture of experts, none missed. And each loads back.
+TEST(PeftAdapter, EveryFamilysSavedConfigSelectsUnderPeftsRulesExactlyWhatWasAdapted) {
+  const fs::path ref = assets() / "reference";
+  SWIFTCPP_REQUIRE_SHARED(ref / "families");
+  const std::vector<fs::path> checkpoints = {
+      stories_dir(), ref / "tiny/tiny-llama", ref / "tiny/tiny-qwen2",
+      ref / "families/gemma/tiny-gemma", ref / "families/gemma2/tiny-gemma2",
+      ref / "families/starcoder2/tiny-starcoder2", ref / "families/phi/tiny-phi", ref / "families/phi3/tiny-phi3",
+      ref / "families/mixtral/tiny-mixtral", ref / "families/qwen2_moe/tiny-qwen2_moe",
+      ref / "llava/tiny-llava", ref / "llava_next/tiny-llava-next", ref / "qwen2_vl/tiny-qwen2-vl",
+      ref / "qwen2_5_vl/tiny-qwen2.5-vl"};
+  int regexes = 0;
+  for (const fs::path& dir : checkpoints) {
+    const std::set<std::string> modules = checkpoint_modules(dir);
+    for (const std::vector<std::string>& targets :
+         {std::vector<std::string>{"all-linear"}, std::vector<std::string>{"q_proj", "v_proj"}}) {
+      const std::string what = dir.filename().string() + " [" + targets.front() + "]";
+      TrainConfig c;
+      c.model = dir.string();
+      c.dataset = {"unused"};
+      c.target_modules = targets;
+      if (dir.filename() == "tiny-phi3") c.target_modules = targets.size() == 1 ? targets : std::vector<std::string>{"qkv_proj"};
+      Trainer trainer(c, load_causal_lm(dir));
+      const fs::path out = test::temp_dir("peft_rules");
+      save_adapter(out, trainer.model(), trainer.lora_config());
+      const Json config = load_json_file(out / "adapter_config.json");
+      regexes += config["target_modules"].is_string() ? 1 : 0;
+      std::cout << "[peft rules] " << what << ": target_modules " << config["target_modules"].dump() << std::endl;
+
+      // What the adapter holds: LoRA pairs by module, whole modules by parameter.
+      std::set<std::string> adapted, saved_tensors;
+      const std::string prefix = "base_model.model.";
+      for (const auto& name : Checkpoint::open(out / "adapter_model.safetensors").names()) {
+        ASSERT_EQ(name.rfind(prefix, 0), 0u) << what << ": " << name;
+        const std::string path = name.substr(prefix.size());
+        const size_t lora = path.find(".lora_");
+        if (lora != std::string::npos) adapted.insert(path.substr(0, lora));
+        else saved_tensors.insert(path);
+      }
+      ASSERT_FALSE(adapted.empty()) << what;
+      for (const auto& m : adapted) EXPECT_TRUE(modules.count(m)) << what << ": adapted " << m << " is no module of the checkpoint";
+
+      const PeftSelection peft = peft_selects(config, modules);
+      EXPECT_EQ(peft.targets, adapted) << what << ": target_modules " << config["target_modules"].dump();
+      // Each saved module's parameters, all of them, and nothing outside a saved module.
+      std::set<std::string> expected_saved;
+      for (const auto& name : Checkpoint::open(dir).names()) {
+        for (const auto& m : peft.saved) {
+          if (name.rfind(m + ".", 0) == 0) expected_saved.insert(name);
+        }
+      }
+      EXPECT_EQ(saved_tensors, expected_saved) << what << ": modules_to_save " << config["modules_to_save"].dump();
+
+      CausalLM fresh = load_causal_lm(dir);
+      EXPECT_NO_THROW(load_adapter(fresh, out)) << what;
+    }
+  }
+  EXPECT_GT(regexes, 0);  // the vision-language models need a regex (their towers share the layer names)
 }
 
 }  // namespace

@@ -139,6 +139,27 @@ TEST(HardeningCli, NanAndInfOptionsAreRefused) {
   EXPECT_NE(recipe.out.find("'max_grad_norm' must be a finite number"), std::string::npos) << recipe.out;
 }
 
+// Global options after the subcommand, and usage errors (a value outside an option's range, an unknown option, no
+// subcommand) in the program's own form and exit code.
+TEST(HardeningCli, GlobalOptionsFollowTheSubcommandAndUsageErrorsAreTheProgramsOwn) {
+  const std::string model = stories_dir().string();
+  const auto after = run_cli("infer --model " + model + " --prompt Tom --max-new-tokens 2 --threads 1");
+  EXPECT_EQ(after.code, 0) << after.out;
+  const auto range = run_cli("--threads 1 infer --model " + model + " --prompt Tom --max-pixels 0");
+  EXPECT_EQ(range.code, 2) << range.out;
+  EXPECT_NE(range.out.find("swiftcpp: error: --max-pixels"), std::string::npos) << range.out;
+  const auto unknown = run_cli("--threads 1 infer --model " + model + " --prompt Tom --no-such-option");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("swiftcpp: error:"), std::string::npos) << unknown.out;
+  EXPECT_NE(unknown.out.find("--no-such-option"), std::string::npos) << unknown.out;
+  const auto none = run_cli("--threads 1");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("swiftcpp: error:"), std::string::npos) << none.out;
+  const auto help = run_cli("infer --help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("--max-pixels"), std::string::npos) << help.out;
+}
+
 TEST(HardeningCli, LengthsAreHeldToTheModelsContext) {
   const std::string model = stories_dir().string();
   // 512 positions: the new tokens stop where prompt + new tokens reach 512, with a warning saying so.

@@ -4,6 +4,7 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "data/pipeline.h"
+#include "data/preference_data.h"
 #include "tests/test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -81,6 +82,37 @@ TEST(Dataset, BadRowsNameTheProblem) {
   EXPECT_EQ(reason_of(Json::parse(R"({"prompt": "x", "completion": "y"})")), "unknown format");
   EXPECT_EQ(reason_of(Json::parse(R"({"instruction": "x"})")), "no assistant turn");
   EXPECT_EQ(reason_of(Json::parse(R"([1, 2])")), "unknown format");
+}
+
+// ms-swift columns not trained from yet (videos, audios, grounding objects) are refused by name in every row form
+// and in preference rows, not trained as text; null or empty columns pass.
+TEST(Dataset, VideoAudioAndGroundingColumnsAreRefusedByName) {
+  const std::string chat = R"("messages": [{"role": "user", "content": "<video>what happens?"}, {"role": "assistant", "content": "a"}])";
+  for (const char* column : {R"("videos": ["clip.mp4"])", R"("audios": "a.wav")", R"("objects": {"ref": ["cat"], "bbox": [[1, 2, 3, 4]]})"}) {
+    for (const std::string& form : {chat, std::string(R"("query": "q", "response": "r")"), std::string(R"("text": "t")")}) {
+      const Json row = Json::parse("{" + form + ", " + column + "}");
+      try {
+        normalise_row(row, "f.jsonl:7");
+        ADD_FAILURE() << row.dump();
+      } catch (const BadRowError& e) {
+        EXPECT_EQ(e.reason(), "unsupported column") << e.what();
+        const std::string key = std::string(column).substr(1, 6);  // videos / audios / object(s)
+        EXPECT_NE(std::string(e.what()).find("f.jsonl:7"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      }
+    }
+  }
+  for (const char* empty : {R"("videos": [])", R"("audios": null)", R"("objects": {})", R"("videos": "")"}) {
+    EXPECT_EQ(reason_of(Json::parse("{" + chat + ", " + empty + "}")), "") << empty;
+  }
+  const Json pair = Json::parse(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                                    "rejected_response": "b", "videos": ["clip.mp4"]})");
+  try {
+    normalise_preference_row(pair, "p.jsonl:3", PreferenceTask::kPairs);
+    ADD_FAILURE() << "a preference row with videos was accepted";
+  } catch (const BadRowError& e) {
+    EXPECT_EQ(e.reason(), "unsupported column") << e.what();
+  }
 }
 
 TEST(Dataset, StreamsJsonArraysAndJsonlWithLimitsAndLineNumbers) {
