@@ -359,6 +359,11 @@ QwenVisionSettings parse_vision(const JsonObject& v, bool v2_5) {
     s.out_width = positive(v, "out_hidden_size", 3584, kMaxHiddenSize);
     s.act = v.get_or<std::string>("hidden_act", "silu");
     s.window_size = positive(v, "window_size", 112, 1 << 20);
+    // The windows are whole merged patches (transformers divides window_size by both and relies on the rest being 0).
+    if (s.window_size % (s.patch_size * s.merge) != 0) {
+      fail<ConfigError>("{}: 'vision_config.window_size' {} must be a multiple of patch_size * spatial_merge_size = {}",
+                        v.origin(), s.window_size, s.patch_size * s.merge);
+    }
     s.full_blocks = {7, 15, 23, 31};
     if (v.has("fullatt_block_indexes")) {
       const Json& list = v.raw().at("fullatt_block_indexes");
@@ -445,13 +450,28 @@ DecoderConfig parse_qwen2_vl_family(const JsonObject& json, bool v2_5) {
   mm->language_model = "";
   mm->vision_tower = {"visual.patch_embed", "visual.blocks"};
   mm->aligner = {"visual.merger"};
+  // The special tokens index the language model's embeddings, and each names one role.
   const auto token = [&](const char* key, int64_t fallback) {
     const int64_t id = json.get_or<int64_t>(key, fallback);
-    if (id < 0 || id >= kMaxVocabSize) fail<ConfigError>("{}: '{}' must be in [0, {}), got {}", origin, key, kMaxVocabSize, id);
+    if (id < 0 || id >= c.vocab_size) {
+      fail<ConfigError>("{}: '{}' must be a token of the vocabulary, in [0, vocab_size {}), got {}", origin, key,
+                        c.vocab_size, id);
+    }
     return id;
   };
   mm->image_token_index = token("image_token_id", 151655);
   mm->vision_start_token_id = token("vision_start_token_id", 151652);
+  if (mm->vision_start_token_id == mm->image_token_index) {
+    fail<ConfigError>("{}: 'vision_start_token_id' and 'image_token_id' are both {}: the image's start and its "
+                      "placeholder must be different tokens", origin, mm->image_token_index);
+  }
+  if (json.has("video_token_id")) {
+    const int64_t video = token("video_token_id", 0);
+    if (video == mm->image_token_index || video == mm->vision_start_token_id) {
+      fail<ConfigError>("{}: 'video_token_id' {} must differ from 'image_token_id' and 'vision_start_token_id'", origin,
+                        video);
+    }
+  }
   mm->image_markup = "<|vision_start|><|image_pad|><|vision_end|>";
   mm->num_channels = s.in_channels;
   mm->spatial_merge_size = s.merge;

@@ -131,6 +131,24 @@ std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model
       fail<ConfigError>("{}: min_pixels {} is larger than max_pixels {} (after the recipe's or command line's "
                         "overrides)", path.string(), config.min_pixels, config.max_pixels);
     }
+    // The processor cuts the patches the tower embeds: its patch sizes and merge size are the tower's.
+    const fs::path model_config = model_dir / "config.json";
+    if (fs::exists(model_config)) {
+      const JsonObject model = JsonObject::load(model_config);
+      if (model.has("vision_config") && model.raw().at("vision_config").is_object()) {
+        const JsonObject vision(model.raw().at("vision_config"), model_config.string());
+        const auto agree = [&](const char* key, int64_t ours, const char* tower_key, int64_t fallback) {
+          const int64_t tower = vision.get_or<int64_t>(tower_key, fallback);
+          if (ours != tower) {
+            fail<ConfigError>("{}: '{}' {} disagrees with {}: 'vision_config.{}' {} (the vision tower embeds the "
+                              "processor's patches)", path.string(), key, ours, model_config.string(), tower_key, tower);
+          }
+        };
+        agree("patch_size", config.patch_size, "patch_size", 14);
+        agree("temporal_patch_size", config.temporal_patch_size, "temporal_patch_size", 2);
+        agree("merge_size", config.merge_size, "spatial_merge_size", 2);
+      }
+    }
     return std::make_shared<Qwen2VLProcessor>(config);
   }
   if (type == "LlavaNextImageProcessor") {

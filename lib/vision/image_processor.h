@@ -53,7 +53,9 @@ class ImageProcessor {
 /// model's image_seq_length), or Qwen2VLImageProcessor, with `overrides` applied. Throws IoError when the file is
 /// missing, FormatError when it is not a JSON object, ConfigError naming the file and key for a bad setting, an
 /// unsupported image_processor_type (listing the supported ones), a fixed-size processor for a model without a
-/// fixed count (fixed_tokens < 1) or overrides outside 1..2^32 or with min_pixels > max_pixels.
+/// fixed count (fixed_tokens < 1) or overrides outside 1..2^32 or with min_pixels > max_pixels; and, for
+/// Qwen2VLImageProcessor, a patch_size / temporal_patch_size / merge_size that disagrees with the model's
+/// config.json vision_config (naming both files and keys).
 std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model_dir, int64_t fixed_tokens,
                                                            const ImageProcessorOverrides& overrides = {});
 

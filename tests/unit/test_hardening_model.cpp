@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -19,6 +20,7 @@
 #include "models/registry.h"
 #include "tests/test_util.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image_processor.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -121,6 +123,45 @@ TEST(ConfigBounds, HugeSizesAreRefusedNamingFileKeyAndLimit) {
     const fs::path dir = config_with(c.key, {{c.key, c.value}});
     expect_error<ConfigError>([&] { load_decoder_config(dir); },
                               {(dir / "config.json").string(), std::string("'") + c.key + "'", c.limit});
+  }
+}
+
+// Qwen2.5-VL settings transformers relies on: windows of whole merged patches, special tokens inside the vocabulary
+// and distinct; and a processor whose patches are not the tower's, named by file and key.
+TEST(ConfigBounds, QwenVisionSettingsAndTheirProcessorAreCheckedByKey) {
+  const fs::path ref = test::assets() / "reference" / "qwen2_5_vl" / "tiny-qwen2.5-vl";
+  SWIFTCPP_REQUIRE_SHARED(ref / "config.json");
+  const auto variant = [&](const std::string& name, const std::function<void(Json&)>& config_edit,
+                           const std::function<void(Json&)>& processor_edit) {
+    const fs::path dir = test::temp_dir("hardening_qwen_" + name);
+    Json config = load_json_file(ref / "config.json");
+    config_edit(config);
+    std::ofstream(dir / "config.json") << config.dump(2);
+    Json processor = load_json_file(ref / "preprocessor_config.json");
+    processor_edit(processor);
+    std::ofstream(dir / "preprocessor_config.json") << processor.dump(2);
+    return dir;
+  };
+  const auto keep = [](Json&) {};
+  EXPECT_NO_THROW(load_decoder_config(variant("ok", keep, keep)));
+  EXPECT_NO_THROW(vision::load_image_processor(variant("ok", keep, keep), 0));
+
+  fs::path dir = variant("window", [](Json& c) { c["vision_config"]["window_size"] = 100; }, keep);
+  expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"'vision_config.window_size' 100", "28"});
+  dir = variant("start_outside", [](Json& c) { c["vision_start_token_id"] = 5000; }, keep);
+  expect_error<ConfigError>([&] { load_decoder_config(dir); },
+                            {(dir / "config.json").string(), "'vision_start_token_id'", "vocab_size 1024", "5000"});
+  dir = variant("start_is_image", [](Json& c) { c["vision_start_token_id"] = c["image_token_id"]; }, keep);
+  expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"'vision_start_token_id' and 'image_token_id'"});
+  dir = variant("video_is_image", [](Json& c) { c["video_token_id"] = c["image_token_id"]; }, keep);
+  expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"'video_token_id'"});
+
+  for (const char* key : {"patch_size", "temporal_patch_size", "merge_size"}) {
+    SCOPED_TRACE(key);
+    dir = variant(std::string("processor_") + key, keep, [&](Json& p) { p[key] = 4; });
+    expect_error<ConfigError>([&] { vision::load_image_processor(dir, 0); },
+                              {(dir / "preprocessor_config.json").string(), std::string("'") + key + "' 4",
+                               (dir / "config.json").string()});
   }
 }
 

@@ -50,17 +50,21 @@ TEST(Registry, ListsTheFamilies) {
 
 TEST(Registry, Qwen2VLConfigErrorsNameTheKey) {
   const fs::path dir = test::temp_dir("registry_qwen2_vl");
-  const auto config_with = [&](const std::string& rope, const std::string& vision) {
+  const auto config_with = [&](const std::string& rope, const std::string& vision, const std::string& tokens =
+                                   ", \"image_token_id\": 60, \"vision_start_token_id\": 61") {
     write_file_atomic(dir / "config.json", "{\"model_type\": \"qwen2_vl\", \"vocab_size\": 64, \"hidden_size\": 64, "
                       "\"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
-                      "\"num_key_value_heads\": 2" + rope + ", \"vision_config\": {" + vision + "}}");
+                      "\"num_key_value_heads\": 2" + rope + tokens + ", \"vision_config\": {" + vision + "}}");
   };
   // Qwen's own spelling ("type": "mrope") and transformers' ("default") both mean M-RoPE.
   config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}", "\"hidden_size\": 64");
   const DecoderConfig ok = load_decoder_config(dir);
   EXPECT_EQ(ok.rope_scaling.mrope_section, (std::vector<int64_t>{2, 3, 3}));
   EXPECT_EQ(ok.rope_scaling.type, "default");
-  EXPECT_EQ(ok.multimodal->image_token_index, 151655);  // the class default
+  EXPECT_EQ(ok.multimodal->image_token_index, 60);
+  // Without them, the class defaults (151655, 151652) lie outside a vocabulary of 64: refused by key.
+  config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 3]}", "\"hidden_size\": 64", "");
+  test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"'image_token_id'", "vocab_size 64", "151655"});
   config_with("", "\"hidden_size\": 64");
   test::expect_error<ConfigError>([&] { load_decoder_config(dir); }, {"mrope_section"});
   config_with(", \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [2, 3, 4]}", "\"hidden_size\": 64");
