@@ -456,15 +456,15 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     lora->dropout = c.lora_dropout;
     attached.emplace_back(linear, lora);
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved_values;
-  std::vector<std::string> saved_names;
+  struct SavedValue {
+    std::string name;
+    at::Tensor param, value;
+  };
+  std::vector<SavedValue> saved_values;
   for (auto& [path, module] : saved_modules(model, c.modules_to_save)) {
     for (const auto& p : module->named_parameters(/*recurse=*/true)) {
       const at::Tensor v = take(kPrefix + path + "." + p.key(), p.value().sizes().vec());
-      if (v.defined()) {
-        saved_values.emplace_back(p.value(), v);
-        saved_names.push_back(path + "." + p.key());
-      }
+      if (v.defined()) saved_values.push_back({path + "." + p.key(), p.value(), v});
     }
   }
   std::vector<std::string> unexpected;
@@ -490,8 +490,8 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
       if (t->defined() && !all_finite(*t)) nonfinite.push_back(paths[i] + "." + name);
     }
   }
-  for (size_t i = 0; i < saved_values.size(); ++i) {
-    if (!all_finite(saved_values[i].second)) nonfinite.push_back(saved_names[i]);
+  for (const auto& saved : saved_values) {
+    if (!all_finite(saved.value)) nonfinite.push_back(saved.name);
   }
   if (!nonfinite.empty()) {
     warn(fmt::format("{}: {} adapter tensor{} hold NaN or Inf values, so outputs computed with the adapter will be "
@@ -509,7 +509,7 @@ LoraConfig load_adapter(CausalLM& model, const fs::path& dir) {
     }
     linear->lora = lora;
   }
-  for (auto& [param, value] : saved_values) param.set_data(value);
+  for (auto& saved : saved_values) saved.param.set_data(saved.value);
   return c;
 }
 
