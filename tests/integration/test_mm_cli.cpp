@@ -432,6 +432,8 @@ TEST(MmTrainCli, LlavaNextTrainsWithItsAnyresCountsInPaddingPackingAndChunkFlow)
 // The Qwen2-VL demo's scripts stay runnable: the generator (a small set), the shipped recipe for a few steps,
 // infer over its held-out prompts and the scorer (the full demo's figures: docs/recipes.md).
 TEST(MmTrainCli, TheQwen2VLDemoScriptsBuildTrainAnswerAndScore) {
+  // The generator takes the chat template and processor of the reference Qwen2-VL checkpoint.
+  SWIFTCPP_REQUIRE_SHARED(test::assets() / "reference" / "qwen2_vl" / "tiny-qwen2-vl" / "tokenizer_config.json");
   const fs::path base = test::temp_dir("qwen2_vl_demo");
   const fs::path demo = base / "demo", out = base / "out";
   const std::string src = test::source_dir().string();
