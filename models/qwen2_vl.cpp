@@ -471,6 +471,9 @@ DecoderConfig parse_qwen2_vl_family(const JsonObject& json, bool v2_5) {
       fail<ConfigError>("{}: 'video_token_id' {} must differ from 'image_token_id' and 'vision_start_token_id'", origin,
                         video);
     }
+    mm->video_token_id = video;
+  } else if (int64_t{151656} < c.vocab_size && mm->image_token_index != 151656 && mm->vision_start_token_id != 151656) {
+    mm->video_token_id = 151656;  // the config class's default
   }
   mm->image_markup = "<|vision_start|><|image_pad|><|vision_end|>";
   mm->num_channels = s.in_channels;

@@ -13,9 +13,7 @@ namespace swiftcpp {
 
 namespace {
 
-// Features per image beyond any vision tower (LLaVA-1.5 at 336 px has 576; the largest tilings a few thousand),
-// low enough that expanded lengths cannot overflow.
-constexpr int64_t kMaxTokensPerImage = int64_t{1} << 20;
+using vision::kMaxTokensPerImage;
 
 void check_image_settings(const ImageEncoding& im) {
   const fs::path& model_dir = im.model_dir;
@@ -29,22 +27,28 @@ void check_image_settings(const ImageEncoding& im) {
   }
 }
 
-// Reads and preprocesses one image of a row. A missing or undecodable file, or a size the processor refuses, is a
-// bad row.
-vision::ProcessedImage load_row_image(const fs::path& path, const ImageEncoding& settings, const std::string& where) {
+// Runs `step` on one image of a row: a missing or undecodable file, or a size the processor refuses, is a bad row
+// naming the file.
+template <typename Step>
+auto row_image_step(const fs::path& path, const std::string& where, const Step& step) -> decltype(step()) {
   const auto unreadable = [&](const Error& e) {
     const std::string what = e.what();
     throw BadRowError(where, "image unreadable",
                       what.find(path.string()) == std::string::npos ? path.string() + ": " + what : what);
   };
   try {
-    return process_image_file(path, settings);
+    return step();
   } catch (const IoError& e) {
     unreadable(e);
   } catch (const FormatError& e) {
     unreadable(e);
   }
-  return {};  // not reached
+  throw BadRowError(where, "image unreadable", path.string());  // not reached
+}
+
+// `what` with the file name in front unless it already names it.
+std::string naming(const std::string& file, const std::string& what) {
+  return what.find(file) == std::string::npos ? file + ": " + what : what;
 }
 
 // The rendered text with every image placeholder replaced by the family's markup.
@@ -63,15 +67,43 @@ std::string with_image_markup(std::string text, const ImageEncoding& im) {
 
 }  // namespace
 
-vision::ProcessedImage process_image_file(const fs::path& path, const ImageEncoding& settings) {
+PlannedImage plan_image_file(const fs::path& path, const ImageEncoding& settings) {
+  if (!settings.processor) fail<ConfigError>("{}: image settings without an image processor", path.string());
   const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
-  vision::ProcessedImage out = settings.processor->process(vision::read_image(path, max_pixels), max_pixels);
-  if (!settings.processor->variable_size()) out.tokens = settings.tokens_per_image;
+  PlannedImage out;
+  out.file = vision::open_image(path, max_pixels);  // names the file in its errors
+  try {
+    out.tokens = settings.processor->variable_size()
+                     ? settings.processor->tokens_for(out.file.height, out.file.width, max_pixels)
+                     : settings.tokens_per_image;
+  } catch (const FormatError& e) {
+    fail<FormatError>("{}", naming(path.string(), e.what()));
+  }
   if (out.tokens < 1 || out.tokens > kMaxTokensPerImage) {
     fail<FormatError>("{}: the image takes {} tokens; [1, {}] are supported", path.string(), out.tokens,
                       kMaxTokensPerImage);
   }
   return out;
+}
+
+vision::ProcessedImage process_planned_image(const PlannedImage& image, const ImageEncoding& settings) {
+  const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+  vision::ProcessedImage out;
+  try {
+    out = settings.processor->process(vision::decode_image(image.file, max_pixels), max_pixels);
+  } catch (const FormatError& e) {
+    fail<FormatError>("{}", naming(image.file.origin, e.what()));
+  }
+  if (!settings.processor->variable_size()) out.tokens = settings.tokens_per_image;
+  if (out.tokens != image.tokens) {  // tokens_for and process disagree: a defect, not a bad file
+    fail<Error>("{}: the image was counted at {} tokens and preprocessed to {}", image.file.origin, image.tokens,
+                out.tokens);
+  }
+  return out;
+}
+
+vision::ProcessedImage process_image_file(const fs::path& path, const ImageEncoding& settings) {
+  return process_planned_image(plan_image_file(path, settings), settings);
 }
 
 ImageInputs EncodedPrompt::batched_images() const {
@@ -93,6 +125,10 @@ ImageEncoding make_image_encoding(const fs::path& model_dir, const MultimodalCon
   e.image_markup = mm.image_markup;
   e.processor = vision::load_image_processor(model_dir, mm.image_seq_length, overrides);
   e.model_dir = model_dir;
+  e.media_tokens.emplace_back(e.image_token_id, "image");
+  if (mm.video_token_id >= 0 && mm.video_token_id <= INT32_MAX) {
+    e.media_tokens.emplace_back(static_cast<int32_t>(mm.video_token_id), "video");
+  }
   check_image_settings(e);
   return e;
 }
@@ -182,7 +218,21 @@ SampleEncoder::SampleEncoder(std::shared_ptr<const TextTokenizer> tokenizer,
                         "(image_token_index): it encodes to [{}]; add the image token to the tokenizer's added tokens",
                         dir, im.image_markup, im.image_token_id, fmt::join(ids, ", "));
     }
+    // A media token typed in a message would be parsed as that token: an image or video position without its
+    // pixels. The placeholder itself (LLaVA's image token is "<image>") is how images are written.
+    for (const auto& [id, what] : im.media_tokens) {
+      if (id < 0 || id >= tokenizer_->vocab_size()) continue;
+      std::string piece = tokenizer_->id_to_piece(id);
+      if (!piece.empty() && piece != kImagePlaceholder) typed_media_.emplace_back(std::move(piece), what);
+    }
   }
+}
+
+const std::pair<std::string, std::string>* SampleEncoder::typed_media_token(const std::string& text) const {
+  for (const auto& token : typed_media_) {
+    if (text.find(token.first) != std::string::npos) return &token;
+  }
+  return nullptr;
 }
 
 std::shared_ptr<const ChatTemplate> chat_template_for(const TextTokenizer& tokenizer, const std::string& name) {
@@ -223,16 +273,37 @@ EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messa
     return prompt;
   }
   const ImageEncoding& im = *options_.images;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (const auto* token = typed_media_token(messages[i].content)) {
+      fail<ConfigError>("message {} holds '{}', the model's {} token, as text: write {} where an image goes{}", i,
+                        token->first, token->second, kImagePlaceholder,
+                        token->second == "image" ? "" : " (videos are not supported yet)");
+    }
+  }
   prompt.ids = tokenize_rendered(*tokenizer_, with_image_markup(text, im));
   const auto tokens = std::count(prompt.ids.begin(), prompt.ids.end(), im.image_token_id);
   if (tokens != static_cast<std::ptrdiff_t>(images.size())) {
     fail<ConfigError>("image count mismatch: the prompt holds {} {} placeholder(s) but {} image(s) were given", tokens,
                       kImagePlaceholder, images.size());
   }
+  // Counted from their headers first: a prompt that cannot fit is refused before any pixel is decoded.
+  std::vector<PlannedImage> planned;
   std::vector<int64_t> counts;
+  int64_t length = static_cast<int64_t>(prompt.ids.size());
   for (const fs::path& path : images) {
-    vision::ProcessedImage image = process_image_file(path, im);
-    counts.push_back(image.tokens);
+    planned.push_back(plan_image_file(path, im));
+    counts.push_back(planned.back().tokens);
+    length += planned.back().tokens - 1;
+  }
+  if (length > options_.max_length) {
+    fail<ConfigError>("the prompt with its {} image(s) takes {} tokens ({} of them the images'), more than the {} "
+                      "that fit (max_length; for infer the model's context): refused before decoding the images; lower max_pixels or give fewer images",
+                      images.size(), length, length - static_cast<int64_t>(prompt.ids.size()) + tokens,
+                      options_.max_length);
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    vision::ProcessedImage image = process_planned_image(planned[i], im);
+    planned[i] = PlannedImage();  // the file's bytes are no longer needed
     prompt.pixel_values.push_back(std::move(image.pixel_values));
     if (im.processor->variable_size()) prompt.image_grids.push_back(image.grid_thw);
   }
@@ -246,7 +317,17 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
                       fmt::format("the row has {} image(s), the model takes text only", c.images.size()));
   }
   if (options_.images) {
+    const auto typed = [&](const std::string& text, const std::string& what) {
+      if (const auto* token = typed_media_token(text)) {
+        throw BadRowError(c.where, "media token in the text",
+                          fmt::format("{} holds '{}', the model's {} token, as text: write {} where an image goes{}",
+                                      what, token->first, token->second, kImagePlaceholder,
+                                      token->second == "image" ? "" : " (videos are not supported yet)"));
+      }
+    };
+    if (c.format == RowFormat::kText) typed(c.text, "the text");
     for (size_t i = 0; i < c.messages.size(); ++i) {
+      typed(c.messages[i].content, fmt::format("message {}", i));
       if (c.messages[i].role == "assistant" && count_image_placeholders(c.messages[i].content) > 0) {
         throw BadRowError(c.where, "image in an assistant message", fmt::format("message {} holds an image", i));
       }
@@ -318,7 +399,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
 
   // Images: each image token becomes a run of as many tokens as the image takes, none of them a target.
   std::vector<TokenSpan> runs;
-  std::vector<vision::ProcessedImage> processed;  // variable-size processors: every image, read before expanding
+  std::vector<PlannedImage> planned;  // every image, opened and counted; decoded only when its run is kept
   if (options_.images) {
     const ImageEncoding& im = *options_.images;
     const auto tokens = std::count(ids.begin(), ids.end(), im.image_token_id);
@@ -327,12 +408,10 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
                         fmt::format("{} image token(s) in the rendered text, {} image(s) given", tokens,
                                     c.images.size()));
     }
-    std::vector<int64_t> counts(c.images.size(), im.tokens_per_image);
-    if (im.processor->variable_size()) {
-      for (size_t i = 0; i < c.images.size(); ++i) {
-        processed.push_back(load_row_image(c.images[i], im, c.where));
-        counts[i] = processed.back().tokens;
-      }
+    std::vector<int64_t> counts;
+    for (const fs::path& path : c.images) {
+      planned.push_back(row_image_step(path, c.where, [&] { return plan_image_file(path, im); }));
+      counts.push_back(planned.back().tokens);
     }
     int64_t expanded_length = static_cast<int64_t>(ids.size());
     for (const int64_t n : counts) expanded_length += n - 1;
@@ -382,8 +461,9 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
   if (s.label_tokens() == 0) return std::nullopt;
   for (size_t i = 0; i < runs.size(); ++i) {  // the images whose runs were kept, in order
     if (runs[i].begin >= begin && runs[i].end <= end) {
-      vision::ProcessedImage image = processed.empty() ? load_row_image(c.images[i], *options_.images, c.where)
-                                                       : std::move(processed[i]);
+      vision::ProcessedImage image = row_image_step(
+          c.images[i], c.where, [&] { return process_planned_image(planned[i], *options_.images); });
+      planned[i] = PlannedImage();  // the file's bytes are no longer needed
       s.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
       if (options_.images->processor->variable_size()) s.image_grids.push_back(image.grid_thw);
       s.image_tokens.push_back(runs[i].end - runs[i].begin);

@@ -4,6 +4,9 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "data/collate.h"
 #include "data/dataset.h"
@@ -43,6 +46,10 @@ struct ImageEncoding {
   std::shared_ptr<const vision::ImageProcessor> processor;    // chosen by preprocessor_config.json
   int64_t max_pixels = 0;        // images larger than this (width * height) are refused; 0: vision::kMaxImagePixels
   fs::path model_dir;            // where the tokenizer and processor come from, named in errors
+  /// The model's media placeholder tokens with what they stand for ("image", "video"): the positions its encoders
+  /// fill. A message may not hold one as typed text (its string is not kImagePlaceholder); images are written
+  /// kImagePlaceholder and expanded by the encoder.
+  std::vector<std::pair<int32_t, std::string>> media_tokens;
 };
 
 /// The image settings of the vision-language checkpoint in `model_dir` whose config is `mm`: its
@@ -74,6 +81,22 @@ std::vector<int> expand_image_tokens(const std::vector<int>& ids, int image_toke
 /// Reads and preprocesses the image file at `path` with the encoding's processor; tokens is the positions it
 /// takes. Throws IoError / FormatError naming the file, FormatError when the image would take no or too many tokens.
 vision::ProcessedImage process_image_file(const fs::path& path, const ImageEncoding& settings);
+
+/// An image of a prompt or a row, opened and counted: its file read and its header checked, the positions it takes
+/// known from its size, no pixel decoded. Every command counts its images this way first, so a prompt or row too
+/// long for its context is refused before any image is decoded or resized.
+struct PlannedImage {
+  vision::EncodedImage file;
+  int64_t tokens = 0;
+};
+
+/// Opens the image file at `path` and counts its positions (vision::ImageProcessor::tokens_for). Throws IoError /
+/// FormatError naming the file: missing, not a supported JPEG/PNG, more than the encoding's max_pixels, a size the
+/// processor refuses, no or too many tokens.
+PlannedImage plan_image_file(const fs::path& path, const ImageEncoding& settings);
+
+/// Decodes and preprocesses a planned image; its tokens are the plan's. Throws FormatError naming the file.
+vision::ProcessedImage process_planned_image(const PlannedImage& image, const ImageEncoding& settings);
 
 struct EncodeOptions {
   int64_t max_length = 2048;
@@ -117,12 +140,14 @@ class SampleEncoder {
                 EncodeOptions options);
 
   /// The sample, or nullopt when it is longer than max_length and truncation is "delete", or when it has no
-  /// trained token left (e.g. every assistant turn has loss false). Throws BadRowError naming the row's `where`
-  /// for a conversation the template rejects, and for images: a row with images on an encoder without image
-  /// settings ("images need a vision-language model"), image tokens in the text that do not match the row's
-  /// images in number ("image count mismatch"), an image token in an assistant turn ("image in an assistant
-  /// message"), an image that is missing, unreadable or not a supported JPEG/PNG ("image unreadable", naming the
-  /// file).
+  /// trained token left (e.g. every assistant turn has loss false). Images are opened and counted first
+  /// (plan_image_file): a row too long with them is dropped before any is decoded, and only the images whose runs
+  /// are kept are decoded. Throws BadRowError naming the row's `where` for a conversation the template rejects,
+  /// and for images: a row with images on an encoder without image settings ("images need a vision-language
+  /// model"), image tokens in the text that do not match the row's images in number ("image count mismatch"), an
+  /// image token in an assistant turn ("image in an assistant message"), a message holding one of the model's media
+  /// tokens as typed text ("media token in the text", naming it), an image that is missing, unreadable or not a
+  /// supported JPEG/PNG ("image unreadable", naming the file).
   std::optional<Sample> encode(const Conversation& conversation) const;
 
   /// The ids of a prompt for generation: the rendered conversation (ending with a user turn) plus the
@@ -131,10 +156,12 @@ class SampleEncoder {
   std::vector<int> encode_prompt(const std::vector<ChatMessage>& messages) const;
 
   /// A prompt with images: the ids as encode_prompt(messages) gives them with each image token expanded to
-  /// tokens_per_image copies, and `images` read and preprocessed in order (the i-th for the i-th run). Throws
-  /// ConfigError when images are given to an encoder without image settings, or when the image tokens of the
-  /// prompt and `images` differ in number (naming both counts); IoError / FormatError naming the file when an
-  /// image cannot be read.
+  /// tokens_per_image copies, and `images` read and preprocessed in order (the i-th for the i-th run). The images
+  /// are counted from their headers first: a prompt longer than max_length with them is refused before any is
+  /// decoded. Throws ConfigError when images are given to an encoder without image settings, when the image
+  /// tokens of the prompt and `images` differ in number (naming both counts), when a message holds one of the
+  /// model's media tokens as typed text (naming it), or when the expanded prompt is longer than max_length;
+  /// IoError / FormatError naming the file when an image cannot be read.
   EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, const std::vector<fs::path>& images) const;
 
   const EncodeOptions& options() const { return options_; }
@@ -146,6 +173,11 @@ class SampleEncoder {
   std::shared_ptr<const TextTokenizer> tokenizer_;
   std::shared_ptr<const ChatTemplate> template_;
   EncodeOptions options_;
+  /// The strings of the image settings' media tokens a message may not hold, with what each stands for.
+  std::vector<std::pair<std::string, std::string>> typed_media_;
+
+  /// The first media token string `text` holds, or null.
+  const std::pair<std::string, std::string>* typed_media_token(const std::string& text) const;
 };
 
 }  // namespace swiftcpp

@@ -134,9 +134,21 @@ std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const st
                       kImagePlaceholder, files.size());
   }
   if (files.empty()) return ids;
-  // Fixed-count families know each image's positions; others read the image (again when it is scored).
+  // Fixed-count families know each image's positions; others count them from the image's header (no pixel is
+  // decoded until the item is scored, so an item too long for max_length is refused first).
   std::vector<int64_t> counts(files.size(), mm->image_seq_length);
-  if (mm->image_seq_length < 1) counts = load_images(files, source).tokens;
+  if (mm->image_seq_length < 1) {
+    if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
+    for (size_t i = 0; i < files.size(); ++i) {
+      try {
+        counts[i] = plan_image_file(files[i], *images_).tokens;
+      } catch (const IoError& e) {
+        fail<IoError>("{}: {}", source, e.what());
+      } catch (const FormatError& e) {
+        fail<FormatError>("{}: {}", source, e.what());
+      }
+    }
+  }
   std::vector<int64_t> out;
   size_t image = 0;
   for (int64_t id : ids) {

@@ -1,5 +1,7 @@
 #include "infer/session.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/json.h"
 #include "data/dataset.h"
@@ -59,6 +61,8 @@ ModelSession ModelSession::open(const SessionOptions& options) {
                                              loaded.model->config().multimodal.get(), options.images);
   s.model = loaded.model;
   s.encode.images = s.images;
+  // A prompt may take the whole context; images are counted against it before any is decoded.
+  s.encode.max_length = std::max<int64_t>(2, s.model->config().max_position_embeddings);
   return s;
 }
 

@@ -21,6 +21,9 @@ namespace {
 std::atomic<AttentionBackend> g_backend{AttentionBackend::kAuto};
 std::atomic<bool> g_recompute{true};
 std::atomic<int64_t> g_small_head_dim{kSmallHeadDim};
+std::atomic<int64_t> g_max_whole_scores{kMaxWholeScores};
+// The transient scores of one query-row block of attention_blocks (2^23 float32, 32 MiB).
+constexpr int64_t kBlockWorkspace = int64_t{1} << 23;
 
 // Explicit path. Query heads of one K/V group are laid side by side so one batched matmul per group serves
 // them all without copying K/V: q [B, Hkv, G*T, Dh] @ k^T [B, Hkv, Dh, S].
@@ -592,6 +595,11 @@ void set_small_head_dim(int64_t max_dim) {
   g_small_head_dim = max_dim;
 }
 int64_t small_head_dim() { return g_small_head_dim.load(); }
+void set_max_whole_scores(int64_t scores) {
+  if (scores < 1) throw ConfigError("attention: the whole-scores limit must be at least 1, got " + std::to_string(scores));
+  g_max_whole_scores = scores;
+}
+int64_t max_whole_scores() { return g_max_whole_scores.load(); }
 bool recompute_attention() { return g_recompute; }
 
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
@@ -614,10 +622,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (g_backend != AttentionBackend::kMath && score.softcap == 0) return attention_sdpa(q, k, v, mask, score.scale);
 #endif
   if (g_recompute && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
-    return attention_blocks(q, {k}, {v}, mask, int64_t{1} << 23, score);
+    return attention_blocks(q, {k}, {v}, mask, kBlockWorkspace, score);
   }
   if (g_backend != AttentionBackend::kMath && decode_attention_applies(q, k, v, mask)) {
     return attention_decode(q, k, v, mask, score);
+  }
+  // Scores past the limit (a tower over a large image, a long prefill): query-row blocks, memory linear in T and S.
+  // Nothing requires a gradient here, so the Function records nothing.
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2);
+  if (T > 0 && S > 0 && B * H > g_max_whole_scores.load() / T / S) {
+    return attention_blocks(q, {k}, {v}, mask, kBlockWorkspace, score);
   }
   return attention_math(q, k, v, mask, score);
 }

@@ -65,6 +65,16 @@ inline constexpr int64_t kSmallHeadDim = 32;
 void set_small_head_dim(int64_t max_dim);
 int64_t small_head_dim();
 
+/// attention() forms the whole [B, H, T, S] scores at once only up to this many of them (16 MiB of float32); past it
+/// the queries run in row blocks (attention_blocks' forward: workspace under 2^23 scores, the small-head row kernels
+/// where they apply), so memory stays linear in the sequence: a vision tower's tens of thousands of patches, a long
+/// prefill. Decode steps (kernels over the cache) and the SDPA backend are unaffected.
+inline constexpr int64_t kMaxWholeScores = int64_t{1} << 22;
+/// The score count past which attention() runs in row blocks (default kMaxWholeScores; at least 1). Process-wide; for
+/// tests and benchmarks.
+void set_max_whole_scores(int64_t scores);
+int64_t max_whole_scores();
+
 /// Context parallelism: one rank's shard of a sequence sharded over a group of ranks, at positions
 /// [past_length, past_length + T) of it. In every layer the shard's K/V are exchanged with the group's.
 class KVExchange {

@@ -9,6 +9,8 @@
 #include <png.h>
 
 #include <csetjmp>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 
@@ -148,25 +150,46 @@ bool jpeg_decode_phase(JpegJob* job, uint8_t* out, size_t stride) {
   return true;
 }
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+// A JPEG decompressor over `data` with its header read and checked (colour space, dimensions); released with the
+// object.
+struct JpegDecoder {
   JpegJob job{};
-  job.cinfo.err = jpeg_std_error(&job.err);
-  job.err.error_exit = jpeg_fail;
-  job.err.emit_message = jpeg_message;
-  job.err.output_message = jpeg_no_output;
-  job.cinfo.client_data = &job;
-  struct Release {
-    JpegJob* job;
-    ~Release() { jpeg_destroy_decompress(&job->cinfo); }
-  } release{&job};
-
-  if (!jpeg_header_phase(&job, data, size)) fail<FormatError>("{}: invalid or truncated JPEG: {}", origin, job.message);
-  const J_COLOR_SPACE space = job.cinfo.jpeg_color_space;
-  if (space == JCS_CMYK || space == JCS_YCCK) {
-    fail<FormatError>("{}: {} JPEG images are not supported (only grayscale, YCbCr and RGB JPEGs); convert it to RGB",
-                      origin, space == JCS_CMYK ? "CMYK" : "YCCK");
+  JpegDecoder(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+    job.cinfo.err = jpeg_std_error(&job.err);
+    job.err.error_exit = jpeg_fail;
+    job.err.emit_message = jpeg_message;
+    job.err.output_message = jpeg_no_output;
+    job.cinfo.client_data = &job;
+    // jpeg_header_phase creates the decompressor first: from here on the destructor must release it, so the
+    // checks that throw run in a constructed object.
+    if (!jpeg_header_phase(&job, data, size)) {
+      jpeg_destroy_decompress(&job.cinfo);
+      fail<FormatError>("{}: invalid or truncated JPEG: {}", origin, job.message);
+    }
   }
-  check_dimensions(origin, "JPEG", job.cinfo.image_width, job.cinfo.image_height, max_pixels);
+  ~JpegDecoder() { jpeg_destroy_decompress(&job.cinfo); }
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+  void check(const std::string& origin, int64_t max_pixels) const {
+    const J_COLOR_SPACE space = job.cinfo.jpeg_color_space;
+    if (space == JCS_CMYK || space == JCS_YCCK) {
+      fail<FormatError>("{}: {} JPEG images are not supported (only grayscale, YCbCr and RGB JPEGs); convert it to RGB",
+                        origin, space == JCS_CMYK ? "CMYK" : "YCCK");
+    }
+    check_dimensions(origin, "JPEG", job.cinfo.image_width, job.cinfo.image_height, max_pixels);
+  }
+};
+
+std::pair<int64_t, int64_t> jpeg_size(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+  JpegDecoder decoder(data, size, origin, max_pixels);
+  decoder.check(origin, max_pixels);
+  return {decoder.job.cinfo.image_height, decoder.job.cinfo.image_width};
+}
+
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+  JpegDecoder decoder(data, size, origin, max_pixels);
+  decoder.check(origin, max_pixels);
+  JpegJob& job = decoder.job;
 
   Image image;
   image.height = job.cinfo.image_height;
@@ -246,27 +269,49 @@ bool png_decode_phase(PngJob* job, png_bytep* rows) {
   return true;
 }
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+// A PNG reader over `data` with every chunk up to the image data read and checked (kind, dimensions); released with
+// the object.
+struct PngDecoder {
   PngJob job{};
-  job.data = data;
-  job.size = size;
-  job.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &job, png_fail, png_ignore_warning);
-  if (job.png == nullptr) fail<FormatError>("{}: cannot create a PNG decoder (out of memory?)", origin);
-  struct Release {
-    PngJob* job;
-    ~Release() { png_destroy_read_struct(&job->png, job->info != nullptr ? &job->info : nullptr, nullptr); }
-  } release{&job};
-  job.info = png_create_info_struct(job.png);
-  if (job.info == nullptr) fail<FormatError>("{}: cannot create a PNG decoder (out of memory?)", origin);
-
-  if (!png_header_phase(&job)) fail<FormatError>("{}: invalid or truncated PNG: {}", origin, job.message);
-  if (job.color_type == PNG_COLOR_TYPE_GRAY && job.bit_depth == 16) {
-    fail<FormatError>(
-        "{}: 16-bit grayscale PNG images are not supported (Pillow clips them to 0..255 instead of "
-        "scaling); convert it to 8 bits",
-        origin);
+  PngDecoder(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+    job.data = data;
+    job.size = size;
+    job.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &job, png_fail, png_ignore_warning);
+    if (job.png == nullptr) fail<FormatError>("{}: cannot create a PNG decoder (out of memory?)", origin);
+    job.info = png_create_info_struct(job.png);
+    if (job.info == nullptr) {
+      png_destroy_read_struct(&job.png, nullptr, nullptr);
+      fail<FormatError>("{}: cannot create a PNG decoder (out of memory?)", origin);
+    }
+    if (!png_header_phase(&job)) {
+      png_destroy_read_struct(&job.png, &job.info, nullptr);
+      fail<FormatError>("{}: invalid or truncated PNG: {}", origin, job.message);
+    }
   }
-  check_dimensions(origin, "PNG", job.width, job.height, max_pixels);
+  ~PngDecoder() { png_destroy_read_struct(&job.png, &job.info, nullptr); }
+  PngDecoder(const PngDecoder&) = delete;
+  PngDecoder& operator=(const PngDecoder&) = delete;
+  void check(const std::string& origin, int64_t max_pixels) const {
+    if (job.color_type == PNG_COLOR_TYPE_GRAY && job.bit_depth == 16) {
+      fail<FormatError>(
+          "{}: 16-bit grayscale PNG images are not supported (Pillow clips them to 0..255 instead of "
+          "scaling); convert it to 8 bits",
+          origin);
+    }
+    check_dimensions(origin, "PNG", job.width, job.height, max_pixels);
+  }
+};
+
+std::pair<int64_t, int64_t> png_size(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+  PngDecoder decoder(data, size, origin, max_pixels);
+  decoder.check(origin, max_pixels);
+  return {decoder.job.height, decoder.job.width};
+}
+
+Image decode_png(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+  PngDecoder decoder(data, size, origin, max_pixels);
+  decoder.check(origin, max_pixels);
+  PngJob& job = decoder.job;
 
   Image image;
   image.height = job.height;
@@ -300,14 +345,15 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& origin, in
   return image;
 }
 
-}  // namespace
+enum class Format { kJpeg, kPng };
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+// The format of `data`: JPEG or PNG, told by the leading bytes; anything else is refused, named when recognisable.
+Format image_format(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
   if (max_pixels <= 0) fail<ConfigError>("{}: max_pixels must be positive, got {}", origin, max_pixels);
   if (size == 0 || data == nullptr)
     fail<FormatError>("{}: empty image file; supported formats are JPEG and PNG", origin);
-  if (starts_with(data, size, "\xff\xd8\xff", 3)) return decode_jpeg(data, size, origin, max_pixels);
-  if (starts_with(data, size, "\x89PNG\r\n\x1a\n", 8)) return decode_png(data, size, origin, max_pixels);
+  if (starts_with(data, size, "\xff\xd8\xff", 3)) return Format::kJpeg;
+  if (starts_with(data, size, "\x89PNG\r\n\x1a\n", 8)) return Format::kPng;
   if (const char* format = other_format(data, size)) {
     fail<FormatError>("{}: {} images are not supported; supported formats are JPEG and PNG", origin, format);
   }
@@ -315,10 +361,35 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& origin, 
                     leading_bytes(data, size));
 }
 
+}  // namespace
+
+Image decode_image(const uint8_t* data, size_t size, const std::string& origin, int64_t max_pixels) {
+  return image_format(data, size, origin, max_pixels) == Format::kJpeg ? decode_jpeg(data, size, origin, max_pixels)
+                                                                      : decode_png(data, size, origin, max_pixels);
+}
+
 Image read_image(const fs::path& file, int64_t max_pixels) {
   require_regular_file(file, "image");
   const std::string bytes = read_text_file(file);
   return decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), file.string(), max_pixels);
+}
+
+EncodedImage open_image(const fs::path& file, int64_t max_pixels) {
+  require_regular_file(file, "image");
+  EncodedImage out;
+  out.origin = file.string();
+  out.bytes = read_text_file(file);
+  const auto* data = reinterpret_cast<const uint8_t*>(out.bytes.data());
+  const size_t size = out.bytes.size();
+  std::tie(out.height, out.width) = image_format(data, size, out.origin, max_pixels) == Format::kJpeg
+                                        ? jpeg_size(data, size, out.origin, max_pixels)
+                                        : png_size(data, size, out.origin, max_pixels);
+  return out;
+}
+
+Image decode_image(const EncodedImage& image, int64_t max_pixels) {
+  return decode_image(reinterpret_cast<const uint8_t*>(image.bytes.data()), image.bytes.size(), image.origin,
+                      max_pixels);
 }
 
 }  // namespace swiftcpp::vision

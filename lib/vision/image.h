@@ -42,6 +42,21 @@ constexpr int64_t kMaxImagePixels = 178956970;
 /// or when width * height exceeds `max_pixels`. ConfigError when `max_pixels` is not positive.
 Image read_image(const fs::path& file, int64_t max_pixels = kMaxImagePixels);
 
+/// An image file read into memory with its header parsed and checked: the size is known, no pixel is decoded yet.
+/// What lets a caller count an image's tokens, and refuse it, before paying for its pixels.
+struct EncodedImage {
+  std::string origin;  // the file name, named in errors
+  std::string bytes;   // the whole file
+  int64_t height = 0, width = 0;
+};
+
+/// Reads `file` and makes every check of read_image that needs no pixel: the format, the kind of JPEG/PNG, a
+/// readable header, width * height within `max_pixels`. Throws as read_image does for those.
+EncodedImage open_image(const fs::path& file, int64_t max_pixels = kMaxImagePixels);
+
+/// Decodes an opened image (read_image's remaining steps). Throws FormatError as read_image does.
+Image decode_image(const EncodedImage& image, int64_t max_pixels = kMaxImagePixels);
+
 /// Decodes JPEG or PNG bytes held in memory, like read_image; `origin` names them in error messages (a file
 /// name, "row 12 of data.jsonl", ...). Throws FormatError and ConfigError as read_image does.
 Image decode_image(const uint8_t* data, size_t size, const std::string& origin,

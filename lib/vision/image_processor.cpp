@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <climits>
+#include <tuple>
+
 #include "core/error.h"
 #include "core/json.h"
 #include "vision/llava_next_processor.h"
@@ -12,6 +15,20 @@
 namespace swiftcpp::vision {
 
 namespace {
+
+// An image size a header can state: positive, within 2^31 a side.
+void check_size(int64_t height, int64_t width) {
+  if (height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX) {
+    fail<FormatError>("an image of {}x{} pixels (height x width): sides must be in [1, {}]", height, width, INT32_MAX);
+  }
+}
+
+void check_tokens(int64_t tokens, int64_t height, int64_t width) {
+  if (tokens < 1 || tokens > kMaxTokensPerImage) {
+    fail<FormatError>("an image of {}x{} pixels would take {} tokens; [1, {}] are supported", height, width, tokens,
+                      kMaxTokensPerImage);
+  }
+}
 
 class ClipProcessor final : public ImageProcessor {
  public:
@@ -23,6 +40,10 @@ class ClipProcessor final : public ImageProcessor {
     out.pixel_values = preprocess_image(image, config_, max_pixels);  // [C, H, W]
     out.tokens = tokens_;
     return out;
+  }
+  int64_t tokens_for(int64_t height, int64_t width, int64_t) const override {
+    check_size(height, width);
+    return tokens_;
   }
   std::string fingerprint() const override {
     const ImageProcessorConfig& p = config_;
@@ -47,14 +68,8 @@ class Qwen2VLProcessor final : public ImageProcessor {
   ProcessedImage process(const Image& image, int64_t max_pixels) const override {
     // The resized size is known before anything is allocated: refused when it exceeds the caller's bound (a
     // min_pixels far above the image upscales it).
-    if (config_.do_resize && image.height >= config_.patch_size * config_.merge_size &&
-        image.width >= config_.patch_size * config_.merge_size) {
-      const auto [h, w] = smart_resize(image.height, image.width, config_.patch_size * config_.merge_size,
-                                       config_.min_pixels, config_.max_pixels);
-      if (h * w > max_pixels) {
-        fail<FormatError>("an image of {}x{} would be resized to {}x{} ({} pixels), more than the {} allowed",
-                          image.height, image.width, h, w, h * w, max_pixels);
-      }
+    if (image.height >= config_.patch_size * config_.merge_size && image.width >= config_.patch_size * config_.merge_size) {
+      tokens_for(image.height, image.width, max_pixels);
     }
     Qwen2VLImage q = preprocess_qwen2_vl(image, config_);
     ProcessedImage out;
@@ -62,6 +77,29 @@ class Qwen2VLProcessor final : public ImageProcessor {
     out.grid_thw = {q.grid_t, q.grid_h, q.grid_w};
     out.tokens = q.tokens();
     return out;
+  }
+  int64_t tokens_for(int64_t height, int64_t width, int64_t max_pixels) const override {
+    check_size(height, width);
+    const int64_t patch = config_.patch_size, merge = config_.merge_size, factor = patch * merge;
+    int64_t h = height, w = width;
+    if (config_.do_resize) {
+      std::tie(h, w) = smart_resize(height, width, factor, config_.min_pixels, config_.max_pixels);
+      if (h == 0 || w == 0) {
+        fail<FormatError>("an image of {}x{} pixels (height x width) would be resized to {}x{} (aspect ratio too "
+                          "extreme for max_pixels {})", height, width, h, w, config_.max_pixels);
+      }
+      if (h > max_pixels / w) {
+        fail<FormatError>("an image of {}x{} would be resized to {}x{} ({} pixels), more than the {} allowed", height,
+                          width, h, w, h * w, max_pixels);
+      }
+    } else if (h % factor != 0 || w % factor != 0) {
+      fail<FormatError>("without do_resize an image of {}x{} pixels must have sides that are multiples of patch_size "
+                        "* merge_size = {}", h, w, factor);
+    }
+    // One token per merge x merge block of patches; h and w are multiples of patch * merge.
+    const int64_t tokens = (h / factor) * (w / factor);
+    check_tokens(tokens, height, width);
+    return tokens;
   }
   std::string fingerprint() const override {
     const Qwen2VLProcessorConfig& p = config_;
@@ -80,6 +118,13 @@ class LlavaNextProcessor final : public ImageProcessor {
   LlavaNextProcessor(LlavaNextProcessorConfig config, int64_t side) : config_(std::move(config)), side_(side) {}
   std::string type() const override { return "LlavaNextImageProcessor"; }
   bool variable_size() const override { return true; }
+  int64_t tokens_for(int64_t height, int64_t width, int64_t) const override {
+    check_size(height, width);
+    const int64_t tokens =
+        anyres_feature_layout(height, width, config_.image_grid_pinpoints, config_.tile(), side_).tokens();
+    check_tokens(tokens, height, width);
+    return tokens;
+  }
   ProcessedImage process(const Image& image, int64_t max_pixels) const override {
     LlavaNextImage n = preprocess_llava_next(image, config_, side_, max_pixels);
     ProcessedImage out;

@@ -17,6 +17,11 @@
 
 namespace swiftcpp::vision {
 
+/// The most language-model positions one image may take: far beyond any vision tower (LLaVA-1.5 at 336 px has
+/// 576; Qwen2-VL at 2^32 pixels about 5.5 million would be refused by a context long before), low enough that
+/// expanded lengths cannot overflow.
+constexpr int64_t kMaxTokensPerImage = int64_t{1} << 20;
+
 /// One preprocessed image, as the family's vision encoder takes it.
 struct ProcessedImage {
   /// Fixed-size processors (CLIP): [C, H, W] float32. Variable-size ones (Qwen2-VL): [patches, C T P P] float32.
@@ -42,6 +47,12 @@ class ImageProcessor {
   /// when the image is malformed or its size is refused (an extreme aspect ratio, more than max_pixels),
   /// ConfigError on settings the processor cannot use.
   virtual ProcessedImage process(const Image& image, int64_t max_pixels = kMaxImagePixels) const = 0;
+  /// The language-model positions an image of `height` x `width` pixels (its decoded size) takes, from its size
+  /// alone: no pixel is read, so a caller can check a prompt's length before decoding and preprocessing its images.
+  /// Throws FormatError for every size process() refuses without looking at pixels (an extreme aspect ratio, an
+  /// image smaller than a patch block, a resize to more than `max_pixels`) and when the count falls outside
+  /// [1, kMaxTokensPerImage].
+  virtual int64_t tokens_for(int64_t height, int64_t width, int64_t max_pixels = kMaxImagePixels) const = 0;
   /// Whether images are batched by concatenating patch rows with their grids (true) or stacked (false).
   virtual bool variable_size() const = 0;
   /// A stable text of every setting that changes what process() returns, for cache keys and resume fingerprints.

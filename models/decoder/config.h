@@ -42,6 +42,7 @@ struct MultimodalConfig {
   std::vector<std::string> vision_tower = {"vision_tower"};       // module paths frozen by freeze_vit
   std::vector<std::string> aligner = {"multi_modal_projector"};   // module paths frozen by freeze_aligner
   int64_t image_token_index = -1;  // the id whose positions receive image features
+  int64_t video_token_id = -1;     // the id a video's positions hold (Qwen2-VL's <|video_pad|>); -1: none
   /// What each image placeholder ("<image>") becomes in the rendered text before tokenising: the family's own
   /// markup, holding the image token once (Qwen2-VL: "<|vision_start|><|image_pad|><|vision_end|>").
   std::string image_markup = "<image>";

@@ -178,6 +178,9 @@ TEST(GoldenLlavaNext, ProcessorLayoutPixelValuesAndTokenCountsMatchTransformers)
         process_image_file(assets() / "images" / c["image"].get<std::string>(), encoding);
     EXPECT_EQ(via_data.tokens, out.tokens);
     EXPECT_TRUE(via_data.pixel_values.equal(out.pixel_values));
+    // Counted from the size alone, before any pixel: the same count.
+    EXPECT_EQ(processor->tokens_for(h, w), out.tokens);
+    EXPECT_EQ(plan_image_file(assets() / "images" / c["image"].get<std::string>(), encoding).tokens, out.tokens);
   }
 }
 

@@ -15,6 +15,8 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "peft/lora.h"
+#include "core/memory.h"
+#include "nn/attention.h"
 #include "template/template.h"
 #include "train/trainer.h"
 #include "tests/adapter_util.h"
@@ -351,6 +353,124 @@ TEST_P(GoldenQwen2VL, TemplateTokenisationAndImageExpansionEqualTheProcessor) {
       image += files.size();
     }
   }
+}
+
+// The tower at a grid of patches with random pixel values: [patches, 3 * 2 * 14 * 14] -> [patches / 4, hidden].
+at::Tensor tower_output(QwenFixture& f, int64_t gh, int64_t gw) {
+  at::manual_seed(11);
+  const at::Tensor patches = at::randn({gh * gw, 3 * 2 * 14 * 14}).to(test::test_device());
+  const at::Tensor grid = at::tensor({int64_t{1}, gh, gw}, at::kLong).view({1, 3});
+  return f.model->vision()->encode(patches, grid);
+}
+
+// Attention in the tower holds one block of query rows' scores at a time, not every patch against every patch: at
+// 4096 patches (a 896 x 896 image) the whole scores of one block's two heads would be 128 MiB, twice with the
+// probabilities. The blocked results equal the whole-scores ones.
+TEST_P(GoldenQwen2VL, VisionTowerMemoryIsLinearInThePatchesWithTheSameResults) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  QwenFixture f(v);
+  c10::InferenceMode guard;
+  // 1536 patches: 2 heads x 1536^2 scores are past nn::kMaxWholeScores, so the default runs in blocks.
+  ASSERT_GT(2 * 1536 * 1536, nn::max_whole_scores());
+  const at::Tensor blocked = tower_output(f, 32, 48).cpu();
+  nn::set_max_whole_scores(int64_t{1} << 40);
+  const at::Tensor whole = tower_output(f, 32, 48).cpu();
+  nn::set_max_whole_scores(nn::kMaxWholeScores);
+  EXPECT_LE(max_abs_diff(blocked, whole), kVisionTol);
+  EXPECT_EQ(blocked.sizes(), whole.sizes());
+
+  const at::Device device = test::test_device();
+  install_memory_tracking();
+  tower_output(f, 8, 8);  // warm: first-call allocations are not the tower's
+  reset_peak_memory(device);
+  const int64_t before = current_memory_bytes(device);
+  const at::Tensor out = tower_output(f, 64, 64);
+  const int64_t peak = peak_memory_bytes(device) - before;
+  std::cout << "[" << v.name << "] tower peak at 4096 patches: " << (peak >> 20) << " MiB" << std::endl;
+  EXPECT_EQ(out.size(0), 1024);
+  EXPECT_LT(peak, int64_t{48} << 20);
+}
+
+// Images are counted from their headers before any is decoded: the count equals the preprocessed image's for
+// every real image and pixel setting, and a prompt or row too long with its images is refused (or dropped, or cut
+// before the image) with no pixel decoded or resized: a min_pixels of 10^8 would resize coffee.jpg to 10^8 pixels
+// (1.2 GB of float32 values) for 127,551 tokens.
+TEST_P(GoldenQwen2VL, ImageTokensAreCountedFromTheHeaderAndLongPromptsRefusedBeforeAnyPixel) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  const MultimodalConfig mm = *load_decoder_config(model_dir).multimodal;
+  const fs::path images = assets() / "images";
+  const std::vector<std::string> names = {"coffee.jpg", "rocket.jpg", "chelsea_rgba.png", "camera.png",
+                                          "astronaut_224.png"};
+  for (const vision::ImageProcessorOverrides& o : std::vector<vision::ImageProcessorOverrides>{
+           {}, {std::nullopt, int64_t{200704}}, {int64_t{1003520}, int64_t{1003520}}}) {
+    const ImageEncoding im = make_image_encoding(model_dir, mm, o);
+    for (const std::string& name : names) {
+      const PlannedImage planned = plan_image_file(images / name, im);
+      EXPECT_EQ(planned.tokens, process_image_file(images / name, im).tokens) << name;
+      EXPECT_EQ(process_planned_image(planned, im).tokens, planned.tokens) << name;
+    }
+  }
+  const auto tokenizer = load_tokenizer(model_dir);
+  EncodeOptions options;
+  options.max_length = 32768;
+  options.images = make_image_encoding(model_dir, mm, {int64_t{100000000}, int64_t{100000000}});
+  EXPECT_EQ(plan_image_file(images / "coffee.jpg", *options.images).tokens, 127896);
+  install_memory_tracking();
+  const at::Device cpu(at::kCPU);
+  reset_peak_memory(cpu);
+  const int64_t before = current_memory_bytes(cpu);
+  {
+    const SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, "qwen2"), options);
+    const std::vector<ChatMessage> prompt = {{"user", "<image>What is this?", std::nullopt}};
+    test::expect_error<ConfigError>([&] { encoder.encode_prompt(prompt, {images / "coffee.jpg"}); },
+                                    {"127", "32768", "before decoding"});
+    const Json row = {{"messages", {{{"role", "user"}, {"content", "<image>What is this?"}},
+                                    {{"role", "assistant"}, {"content", "A cup."}}}},
+                      {"images", {(images / "coffee.jpg").string()}}};
+    EXPECT_FALSE(encoder.encode(normalise_row(row, "rows.jsonl:1")).has_value());  // delete: dropped
+    EncodeOptions left = options;
+    left.truncation = TruncationStrategy::kLeft;
+    const SampleEncoder cutting(tokenizer, chat_template_for(*tokenizer, "qwen2"), left);
+    const auto sample = cutting.encode(normalise_row(row, "rows.jsonl:1"));
+    ASSERT_TRUE(sample.has_value());
+    EXPECT_TRUE(sample->pixel_values.empty());  // the image's run was cut: the image is dropped, never decoded
+    EXPECT_LT(sample->input_ids.size(), 64u);
+  }
+  EXPECT_LT(peak_memory_bytes(cpu) - before, int64_t{16} << 20);
+}
+
+// The model's media tokens typed in a message are refused under one rule, image and video alike (each would be
+// parsed as a position without its pixels); images are written <image>.
+TEST_P(GoldenQwen2VL, TypedImageAndVideoTokensAreRefusedUnderOneRule) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / "logits.json");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  const auto tokenizer = load_tokenizer(model_dir);
+  EncodeOptions options;
+  options.max_length = 4096;
+  options.images = make_image_encoding(model_dir, *load_decoder_config(model_dir).multimodal);
+  const SampleEncoder encoder(tokenizer, chat_template_for(*tokenizer, "qwen2"), options);
+  const fs::path coffee = assets() / "images" / "coffee.jpg";
+  for (const auto& [token, what] : std::vector<std::pair<std::string, std::string>>{
+           {"<|image_pad|>", "image"}, {"<|video_pad|>", "video"}}) {
+    for (const bool with_image : {false, true}) {
+      SCOPED_TRACE(token + (with_image ? " beside an image" : ""));
+      Json row = {{"messages", {{{"role", "user"}, {"content", (with_image ? "<image>" : "") + token + " what?"}},
+                                {{"role", "assistant"}, {"content", "A cup."}}}}};
+      if (with_image) row["images"] = Json::array({coffee.string()});
+      test::expect_error<BadRowError>([&] { encoder.encode(normalise_row(row, "rows.jsonl:3")); },
+                                      {"rows.jsonl:3", "media token", "message 0", token, what, "<image>"});
+      const std::vector<ChatMessage> prompt = {{"user", token + " what?", std::nullopt}};
+      test::expect_error<ConfigError>([&] { encoder.encode_prompt(prompt, {}); }, {"message 0", token, what});
+    }
+  }
+  // The same text without the tokens encodes.
+  const Json row = {{"messages", {{{"role", "user"}, {"content", "<image>what?"}}, {{"role", "assistant"}, {"content", "A cup."}}}},
+                    {"images", {coffee.string()}}};
+  EXPECT_TRUE(encoder.encode(normalise_row(row, "rows.jsonl:4")).has_value());
 }
 
 TEST_P(GoldenQwen2VL, PackedSamplesKeepTheirOwnMRopePositionsAndLoss) {

@@ -83,4 +83,22 @@ if "$PYTHON" bench/report_builds.py "$builds" 2>"$tmp/err"; then
     exit 1
 fi
 grep -q "train.new.r2.json" "$tmp/err" || { echo "FAIL: the builds report's error does not name the file" >&2; exit 1; }
-echo "bench scripts parse; the contention and builds reports read their results"
+# bench/report_vision_memory.py: two rounds at one size; the old build's tensor peak is 600 and 800 MiB, the new
+# one's 30 (median ratio 0.04x); an old run that died shows its exit status; a run without its fields is an error.
+vm=$tmp/vision-memory
+mkdir -p "$vm"
+for r in 1 2; do
+    echo "{\"model\": \"qwen2_vl\", \"pixels\": 1003520, \"side\": \"old\", \"round\": $r, \"rc\": 0, \"tensor_peak_mib\": $((400 + 200 * r)), \"rss_peak_mib\": 900, \"seconds\": 2.0, \"load\": \"1.0 1.0 1.0\"}" >> "$vm/runs.jsonl"
+    echo "{\"model\": \"qwen2_vl\", \"pixels\": 1003520, \"side\": \"new\", \"round\": $r, \"rc\": 0, \"tensor_peak_mib\": 30, \"rss_peak_mib\": 300, \"seconds\": 1.0, \"load\": \"1.0 1.0 1.0\"}" >> "$vm/runs.jsonl"
+    echo "{\"model\": \"qwen2_vl\", \"pixels\": 4014080, \"side\": \"old\", \"round\": $r, \"rc\": 137, \"tensor_peak_mib\": null, \"rss_peak_mib\": null, \"seconds\": null, \"load\": \"1.0 1.0 1.0\"}" >> "$vm/runs.jsonl"
+done
+report=$("$PYTHON" bench/report_vision_memory.py "$vm")
+expect "| qwen2_vl | 1,003,520 | 5,120 | 700 / 30 | 900 / 300 | 2.00 / 1.00 | 0.04x | 0.50x |"
+expect "| qwen2_vl | 4,014,080 | 20,480 | exit 137 / - |"
+echo '{"model": "qwen2_vl"}' >> "$vm/runs.jsonl"
+if "$PYTHON" bench/report_vision_memory.py "$vm" 2>"$tmp/err"; then
+    echo "FAIL: the vision memory report accepted a run without its fields" >&2
+    exit 1
+fi
+grep -q "runs.jsonl" "$tmp/err" || { echo "FAIL: the vision memory report's error does not name the file" >&2; exit 1; }
+echo "bench scripts parse; the contention, builds and vision memory reports read their results"

@@ -399,6 +399,37 @@ TEST(ImageDecode, HugeDimensionsAreRefusedBeforeDecoding) {
   expect_error<ConfigError>([&] { decode(jpeg, "coffee.jpg", 0); }, {"max_pixels"});
 }
 
+// open_image reads the header alone: the size it gives is the decoded image's, the refusals that need no pixel are
+// read_image's, and an image whose data is damaged after a sound header opens (and fails only when decoded).
+TEST(ImageDecode, OpeningReadsTheSizeFromTheHeaderWithoutDecoding) {
+  SWIFTCPP_REQUIRE_SHARED(images_dir() / "coffee.jpg");
+  for (const char* name : {"coffee.jpg", "rocket.jpg", "chelsea_rgba.png", "camera.png", "astronaut_224.png"}) {
+    const EncodedImage opened = open_image(images_dir() / name);
+    const Image decoded = read_image(images_dir() / name);
+    EXPECT_EQ(opened.height, decoded.height) << name;
+    EXPECT_EQ(opened.width, decoded.width) << name;
+    EXPECT_EQ(decode_image(opened).pixels, decoded.pixels) << name;
+  }
+  const fs::path dir = test::temp_dir("image_open");
+  std::vector<uint8_t> png = kPngSignature;
+  png_chunk(png, "IHDR", ihdr(100000, 100000, 8, 2));
+  png_chunk(png, "IDAT", zlib_stored({0, 1, 2, 3}));
+  png_chunk(png, "IEND", {});
+  const fs::path bomb = write_bytes(dir / "bomb.png", png);
+  expect_error<FormatError>([&] { open_image(bomb); }, {"bomb.png", "100000x100000", "limit"});
+  expect_error<FormatError>([&] { open_image(write_bytes(dir / "x.gif", {'G', 'I', 'F', '8', '9', 'a', 0, 0})); },
+                            {"x.gif", "GIF"});
+  expect_error<IoError>([&] { open_image(dir / "absent.png"); }, {"absent.png"});
+  // camera.png cut in the middle of its image data: the header is whole, the pixels are not.
+  const std::vector<uint8_t> bytes = read_bytes(images_dir() / "camera.png");
+  const fs::path cut = write_bytes(dir / "cut.png", std::vector<uint8_t>(bytes.begin(), bytes.begin() + bytes.size() / 2));
+  const EncodedImage opened = open_image(cut);
+  EXPECT_EQ(opened.height, 512);
+  EXPECT_EQ(opened.width, 512);
+  expect_error<FormatError>([&] { decode_image(opened); }, {"cut.png", "PNG"});
+  expect_error<FormatError>([&] { open_image(images_dir() / "coffee.jpg", 600 * 400 - 1); }, {"coffee.jpg", "limit"});
+}
+
 TEST(ImageDecode, PngPaletteIgnoresTransparency) {
   // 2-bit palette, 3 entries, tRNS making entry 1 transparent: convert("RGB") keeps the palette colours.
   const std::vector<uint8_t> plte = {10, 20, 30, 200, 100, 50, 7, 8, 9};

@@ -8,6 +8,7 @@
 #include <array>
 #include <limits>
 
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "io/gguf.h"
 #include "models/decoder/decoder.h"
@@ -465,6 +466,51 @@ TEST(TrainKernels, SmallHeadAttentionMatchesTheMathPathForwardAndBackward) {
     EXPECT_LT(max_rel(v.grad(), vr.grad()), 1e-5) << where;
   }
   parallel::set_threads(saved_threads);
+}
+
+// Past nn::max_whole_scores() scores, attention() runs its queries in row blocks (a vision tower over a large image,
+// a long prefill): the results equal the whole-scores path's for float32 and bfloat16, masked or not, with GQA,
+// small heads (row kernels) and large ones (score GEMMs), and memory stays linear in the sequence: at 4096 x 4096
+// the whole path holds 128 MiB of scores and as much of probabilities, the blocks one block's 32 MiB.
+TEST(Attention, PastTheWholeScoresLimitRowBlocksGiveTheSameResultsInLinearMemory) {
+  at::manual_seed(8);
+  c10::InferenceMode guard;
+  const int64_t B = 2, T = 300, H = 4, Hkv = 2;
+  at::Tensor valid = at::ones({B, T}, at::kBool);
+  valid[1].narrow(0, 240, 60).fill_(false);
+  const at::Tensor causal = nn::build_attention_mask(B, 0, T, valid, 0, at::kCPU);
+  for (const int64_t Dh : {16, 64}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor q = at::randn({B, H, T, Dh}).to(dtype), k = at::randn({B, Hkv, T, Dh}).to(dtype);
+      const at::Tensor v = at::randn({B, Hkv, T, Dh}).to(dtype);
+      for (const bool masked : {false, true}) {
+        const at::Tensor mask = masked ? causal : at::Tensor();
+        nn::set_max_whole_scores(int64_t{1} << 40);
+        const at::Tensor whole = nn::attention(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), mask);
+        nn::set_max_whole_scores(1000);
+        const at::Tensor blocked = nn::attention(q, k, v, mask);
+        nn::set_max_whole_scores(nn::kMaxWholeScores);
+        const std::string where = fmt::format("Dh {} {} masked {}", Dh, at::toString(dtype), masked);
+        ASSERT_EQ(blocked.scalar_type(), dtype) << where;
+        ASSERT_EQ(blocked.sizes(), whole.sizes()) << where;
+        // Against the float64 whole-scores result of the same inputs. bfloat16 computes in float32 and rounds the
+        // output once (2^-9 of a value at most).
+        EXPECT_LT(max_rel(blocked, whole), dtype == at::kFloat ? 1e-5 : 4e-3) << where;
+      }
+    }
+  }
+  install_memory_tracking();
+  const at::Device cpu(at::kCPU);
+  const int64_t L = 4096;
+  for (const int64_t Dh : {16, 40}) {  // the row kernels, then the score GEMMs
+    const at::Tensor q = at::randn({1, 2, L, Dh}), k = at::randn({1, 2, L, Dh}), v = at::randn({1, 2, L, Dh});
+    reset_peak_memory(cpu);
+    const int64_t before = current_memory_bytes(cpu);
+    const at::Tensor out = nn::attention(q, k, v, at::Tensor());
+    const int64_t peak = peak_memory_bytes(cpu) - before;
+    EXPECT_EQ(out.sizes(), q.sizes());
+    EXPECT_LT(peak, int64_t{56} << 20) << "Dh " << Dh << ": " << (peak >> 20) << " MiB";
+  }
 }
 
 // A query row that sees no key gives zeros and no gradient on both training paths (the row kernels and the score
