@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -32,6 +33,13 @@ struct DeployOptions {
   int64_t max_model_len = 0;
   int64_t prefill_chunk = 512;
   double drain_seconds = 10;
+  int64_t max_request_bytes = 0;  // 0: 1 MiB, or 32 MiB for a vision-language model (images in data URLs)
+  std::string allowed_local_media_path;
+  bool allow_remote_media = false;
+  int64_t max_images_per_request = 8;
+  int64_t max_image_bytes = int64_t{20} << 20;
+  int64_t max_image_pixels = int64_t{1} << 25;
+  double media_fetch_timeout = 10;
 };
 
 int run_deploy(const DeployOptions& o) {
@@ -40,6 +48,20 @@ int run_deploy(const DeployOptions& o) {
   if (o.max_model_len < 0) fail<ConfigError>("--max-model-len must be >= 0 (0: the model's context), got {}", o.max_model_len);
   if (o.port < 0 || o.port > 65535) fail<ConfigError>("--port must be in [0, 65535], got {}", o.port);
   if (!(o.drain_seconds >= 0)) fail<ConfigError>("--drain-seconds must be >= 0, got {}", o.drain_seconds);
+  if (o.max_request_bytes < 0) fail<ConfigError>("--max-request-bytes must be >= 0 (0: automatic), got {}", o.max_request_bytes);
+  if (o.max_images_per_request < 0) {
+    fail<ConfigError>("--max-images-per-request must be >= 0, got {}", o.max_images_per_request);
+  }
+  if (o.max_image_bytes < 1) fail<ConfigError>("--max-image-bytes must be >= 1, got {}", o.max_image_bytes);
+  if (o.max_image_pixels < 1 || o.max_image_pixels > vision::kMaxImagePixels) {
+    fail<ConfigError>("--max-image-pixels must be in [1, {}], got {}", vision::kMaxImagePixels, o.max_image_pixels);
+  }
+  if (!(o.media_fetch_timeout > 0) || o.media_fetch_timeout > 3600) {
+    fail<ConfigError>("--media-fetch-timeout must be in (0, 3600] seconds, got {}", o.media_fetch_timeout);
+  }
+  if (!o.allowed_local_media_path.empty() && !fs::is_directory(o.allowed_local_media_path)) {
+    fail<ConfigError>("--allowed-local-media-path '{}' is not a folder", o.allowed_local_media_path);
+  }
   const SessionOptions open = o.m.session();
 
   // SIGTERM and SIGINT go to one thread that shuts the server down; a client that hangs up mid-write must not
@@ -63,6 +85,17 @@ int run_deploy(const DeployOptions& o) {
   if (model_path.filename().empty()) model_path = model_path.parent_path();  // "DIR/"
   server_options.served_model_name = o.served_model_name.empty() ? model_path.filename().string() : o.served_model_name;
   server_options.max_queue = o.max_queue;
+  // A vision-language model (its folder has an image processor) takes images inline as base64 data URLs.
+  const bool vision = fs::exists(fs::path(o.m.model) / "preprocessor_config.json");
+  server_options.max_body_bytes = static_cast<size_t>(o.max_request_bytes > 0 ? o.max_request_bytes
+                                                      : vision                ? int64_t{32} << 20
+                                                                              : int64_t{1} << 20);
+  server_options.media.allowed_local_path = o.allowed_local_media_path;
+  server_options.media.allow_remote = o.allow_remote_media;
+  server_options.media.max_images = o.max_images_per_request;
+  server_options.media.max_image_bytes = o.max_image_bytes;
+  server_options.media.max_pixels = o.max_image_pixels;
+  server_options.media.fetch_timeout_s = o.media_fetch_timeout;
   std::vector<std::pair<std::string, std::string>> adapters;
   for (const auto& spec : o.adapters) {
     const size_t eq = spec.find('=');
@@ -124,6 +157,7 @@ int run_deploy(const DeployOptions& o) {
   engine_options.prefill_chunk = o.prefill_chunk;
   auto engine = std::make_unique<Engine>(session->model, session->tokenizer, engine_options);
   const int64_t max_len = engine->options().max_model_len;
+  session->encode.max_length = std::max<int64_t>(2, max_len);  // images are counted against it before decoding
   server.serve(session, std::move(engine));
   std::cerr << fmt::format("[deploy] ready: '{}' ({} layers, hidden {}) on {} as {}, {} sequences of up to {} tokens, "
                            "loaded in {:.2f} s",
@@ -158,6 +192,19 @@ CommandRun add_deploy_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--max-model-len", o->max_model_len, "Tokens per sequence, prompt included (0: the model's context)")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens prefilled per engine step")->capture_default_str();
+  cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body; larger ones get 413 (0: 1 MiB, "
+                  "32 MiB for a vision-language model)")->capture_default_str();
+  cmd->add_option("--allowed-local-media-path", o->allowed_local_media_path, "Folder whose files image parts may "
+                  "name as file:// URLs (default: none)");
+  cmd->add_flag("--allow-remote-media", o->allow_remote_media, "Fetch http(s) image URLs (off by default)");
+  cmd->add_option("--max-images-per-request", o->max_images_per_request, "Image parts one request may hold")
+      ->capture_default_str();
+  cmd->add_option("--max-image-bytes", o->max_image_bytes, "Largest encoded image (data URL payload, file or download)")
+      ->capture_default_str();
+  cmd->add_option("--max-image-pixels", o->max_image_pixels, "Largest image (width x height) a request may send; "
+                  "refused from its header before decoding")->capture_default_str();
+  cmd->add_option("--media-fetch-timeout", o->media_fetch_timeout, "Seconds a remote image's download may take")
+      ->capture_default_str();
   cmd->add_option("--drain-seconds", o->drain_seconds, "On SIGTERM, how long running requests may finish before they "
                   "are cancelled")->capture_default_str();
   return [o]() { return run_deploy(*o); };

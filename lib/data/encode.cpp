@@ -68,19 +68,25 @@ std::string with_image_markup(std::string text, const ImageEncoding& im) {
 }  // namespace
 
 PlannedImage plan_image_file(const fs::path& path, const ImageEncoding& settings) {
-  if (!settings.processor) fail<ConfigError>("{}: image settings without an image processor", path.string());
   const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+  return plan_image(vision::open_image(path, max_pixels), settings);  // open_image names the file in its errors
+}
+
+PlannedImage plan_image(vision::EncodedImage image, const ImageEncoding& settings) {
+  if (!settings.processor) fail<ConfigError>("{}: image settings without an image processor", image.origin);
+  const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+  const std::string path = image.origin;
   PlannedImage out;
-  out.file = vision::open_image(path, max_pixels);  // names the file in its errors
+  out.file = std::move(image);
   try {
     out.tokens = settings.processor->variable_size()
                      ? settings.processor->tokens_for(out.file.height, out.file.width, max_pixels)
                      : settings.tokens_per_image;
   } catch (const FormatError& e) {
-    fail<FormatError>("{}", naming(path.string(), e.what()));
+    fail<FormatError>("{}", naming(path, e.what()));
   }
   if (out.tokens < 1 || out.tokens > kMaxTokensPerImage) {
-    fail<FormatError>("{}: the image takes {} tokens; [1, {}] are supported", path.string(), out.tokens,
+    fail<FormatError>("{}: the image takes {} tokens; [1, {}] are supported", path, out.tokens,
                       kMaxTokensPerImage);
   }
   return out;
@@ -252,11 +258,20 @@ std::vector<int> tokenize_rendered(const TextTokenizer& tokenizer, const std::st
 }
 
 std::vector<int> SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages) const {
-  return encode_prompt(messages, {}).ids;
+  return encode_prompt(messages, std::vector<fs::path>{}).ids;
 }
 
 EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages,
                                            const std::vector<fs::path>& images) const {
+  if (images.empty() || !options_.images) return encode_prompt(messages, std::vector<vision::EncodedImage>(images.size()));
+  const int64_t max_pixels = options_.images->max_pixels > 0 ? options_.images->max_pixels : vision::kMaxImagePixels;
+  std::vector<vision::EncodedImage> opened;
+  for (const fs::path& path : images) opened.push_back(vision::open_image(path, max_pixels));
+  return encode_prompt(messages, std::move(opened));
+}
+
+EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messages,
+                                           std::vector<vision::EncodedImage> images) const {
   EncodedPrompt prompt;
   std::string text;
   if (!template_) {
@@ -290,8 +305,8 @@ EncodedPrompt SampleEncoder::encode_prompt(const std::vector<ChatMessage>& messa
   std::vector<PlannedImage> planned;
   std::vector<int64_t> counts;
   int64_t length = static_cast<int64_t>(prompt.ids.size());
-  for (const fs::path& path : images) {
-    planned.push_back(plan_image_file(path, im));
+  for (vision::EncodedImage& image : images) {
+    planned.push_back(plan_image(std::move(image), im));
     counts.push_back(planned.back().tokens);
     length += planned.back().tokens - 1;
   }

@@ -90,6 +90,10 @@ struct PlannedImage {
   int64_t tokens = 0;
 };
 
+/// Counts the positions of an opened image (vision::ImageProcessor::tokens_for). Throws FormatError naming its
+/// origin: a size the processor refuses, no or too many tokens.
+PlannedImage plan_image(vision::EncodedImage image, const ImageEncoding& settings);
+
 /// Opens the image file at `path` and counts its positions (vision::ImageProcessor::tokens_for). Throws IoError /
 /// FormatError naming the file: missing, not a supported JPEG/PNG, more than the encoding's max_pixels, a size the
 /// processor refuses, no or too many tokens.
@@ -163,6 +167,8 @@ class SampleEncoder {
   /// model's media tokens as typed text (naming it), or when the expanded prompt is longer than max_length;
   /// IoError / FormatError naming the file when an image cannot be read.
   EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, const std::vector<fs::path>& images) const;
+  /// The same with images already read into memory (a request's parts); errors name each image's origin.
+  EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, std::vector<vision::EncodedImage> images) const;
 
   const EncodeOptions& options() const { return options_; }
   const std::shared_ptr<const TextTokenizer>& tokenizer() const { return tokenizer_; }

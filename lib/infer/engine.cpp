@@ -255,7 +255,7 @@ void Engine::prefill(std::vector<SequenceUpdate>& updates) {
     options.cache = &*cache_;
     options.last_token_only = true;
     if (images) {
-      options.pixel_values = seq->request.pixel_values.to(device);
+      options.image_features = image_features(*seq);
       options.image_grid_thw = seq->request.image_grid_thw;
     }
     const at::Tensor logits = forward(ids, options, {seq->request.adapter});  // [1, 1, V]
@@ -268,6 +268,28 @@ void Engine::prefill(std::vector<SequenceUpdate>& updates) {
     accept(*seq, logits.view({-1}).to(at::kCPU, at::kFloat), update);
     updates.push_back(std::move(update));
   }
+}
+
+at::Tensor Engine::image_features(const Sequence& seq) {
+  const SequenceRequest& r = seq.request;
+  // Entries no sequence refers to any more (only this list holds their tensor) are dropped first.
+  shared_features_.erase(std::remove_if(shared_features_.begin(), shared_features_.end(),
+                                        [](const SharedFeatures& f) { return f.pixel_values.use_count() <= 1; }),
+                         shared_features_.end());
+  for (const SharedFeatures& f : shared_features_) {
+    if (f.pixel_values.is_same(r.pixel_values) && f.adapter == r.adapter) return f.features;
+  }
+  const at::Tensor pixels = r.pixel_values.to(model_->device());
+  at::Tensor features;
+  if (r.adapter == 0) {
+    features = model_->vision()->encode(pixels, r.image_grid_thw);
+  } else {
+    const std::unique_ptr<nn::RowAdapters> selection = options_.adapters->select({r.adapter});
+    const nn::RowAdaptersScope scope(selection.get());
+    features = model_->vision()->encode(pixels, r.image_grid_thw);
+  }
+  shared_features_.push_back({r.pixel_values, r.adapter, features});
+  return features;
 }
 
 at::Tensor Engine::forward(const at::Tensor& ids, const ForwardOptions& options, const std::vector<int64_t>& adapters) {

@@ -109,9 +109,20 @@ class Engine {
   // A forward with each batch row's adapter (0: none) selected.
   at::Tensor forward(const at::Tensor& ids, const ForwardOptions& options, const std::vector<int64_t>& adapters);
 
+  // The vision features of `seq`'s images: encoded once for every sequence whose request carries the same
+  // pixel tensor (a request's n choices) with the same adapter, kept while such a sequence may still prefill.
+  at::Tensor image_features(const Sequence& seq);
+
+  struct SharedFeatures {
+    at::Tensor pixel_values;  // the requests' tensor itself (its identity is the key)
+    int64_t adapter = 0;
+    at::Tensor features;
+  };
+
   CausalLM model_;
   std::shared_ptr<const TextTokenizer> tokenizer_;
   EngineOptions options_;
+  std::vector<SharedFeatures> shared_features_;
   std::optional<nn::KVCache> cache_;        // allocated at the first admission
   std::vector<bool> row_used_;
   std::deque<std::unique_ptr<Sequence>> waiting_;

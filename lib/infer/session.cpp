@@ -66,19 +66,29 @@ ModelSession ModelSession::open(const SessionOptions& options) {
   return s;
 }
 
-EncodedPrompt ModelSession::prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images) const {
+std::vector<ChatMessage> ModelSession::conversation(std::vector<ChatMessage> turns, size_t images) const {
   std::vector<ChatMessage> messages;
   if (system) messages.push_back({"system", *system, std::nullopt});
   int64_t placeholders = 0;
   for (const auto& t : turns) placeholders += count_image_placeholders(t.content);
-  if (!images.empty() && placeholders == 0 && !turns.empty()) {
+  if (images > 0 && placeholders == 0 && !turns.empty()) {
     std::string lead;
-    for (size_t i = 0; i < images.size(); ++i) lead += std::string(kImagePlaceholder) + "\n";
+    for (size_t i = 0; i < images; ++i) lead += std::string(kImagePlaceholder) + "\n";
     turns.back().content = lead + turns.back().content;
   }
   messages.insert(messages.end(), turns.begin(), turns.end());
+  return messages;
+}
+
+EncodedPrompt ModelSession::prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images) const {
   const SampleEncoder encoder(tokenizer, chat_template, encode);
-  return encoder.encode_prompt(messages, images);
+  return encoder.encode_prompt(conversation(std::move(turns), images.size()), images);
+}
+
+EncodedPrompt ModelSession::prompt(std::vector<ChatMessage> turns, std::vector<vision::EncodedImage> images) const {
+  const SampleEncoder encoder(tokenizer, chat_template, encode);
+  const size_t n = images.size();
+  return encoder.encode_prompt(conversation(std::move(turns), n), std::move(images));
 }
 
 EncodedPrompt ModelSession::prompt(const std::string& text, const std::vector<fs::path>& images) const {

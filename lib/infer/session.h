@@ -72,6 +72,8 @@ class ModelSession : public ModelAssets {
   /// encoded as training encodes it; images go with their `<image>` placeholders, or lead the last turn one per
   /// line when the text has none (as ms-swift does). Throws like SampleEncoder::encode_prompt.
   EncodedPrompt prompt(std::vector<ChatMessage> turns, const std::vector<fs::path>& images = {}) const;
+  /// The same with images already read into memory (a request's image parts); errors name each image's origin.
+  EncodedPrompt prompt(std::vector<ChatMessage> turns, std::vector<vision::EncodedImage> images) const;
   /// One text: a user turn through the chat template when there is one, else the raw text tokenised as training
   /// does (special-token strings parsed, BOS when the tokenizer adds one; an empty text gives BOS alone).
   /// Throws ConfigError when a raw text is empty and the tokenizer has no BOS.
@@ -82,6 +84,11 @@ class ModelSession : public ModelAssets {
   CausalLM model{nullptr};
   std::optional<std::string> system;  // system prompt put before every conversation
   EncodeOptions encode;               // with the image settings (ModelAssets::images) for a vision-language model
+
+ private:
+  // The system prompt, then `turns`; `images` images lead the last turn one per line when the turns hold no
+  // placeholder.
+  std::vector<ChatMessage> conversation(std::vector<ChatMessage> turns, size_t images) const;
 };
 
 }  // namespace swiftcpp

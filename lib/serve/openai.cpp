@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
 
 namespace swiftcpp::serve {
@@ -52,19 +53,34 @@ class Fields {
   const Json& body_;
 };
 
-// Message content: a string, or a list of parts of which only text parts are supported.
-std::string message_content(const Json& content, size_t index) {
+// Message content: a string, or a list of text and image parts. An image part becomes the image placeholder in the
+// text and an entry of `images`.
+std::string message_content(const Json& content, size_t index, const std::string& role, std::vector<ImagePart>& images) {
   const std::string param = fmt::format("messages[{}].content", index);
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) bad_request(param, fmt::format("'{}' must be a string or a list of parts, got {}", param, describe_json(content)));
   std::string text;
-  for (const Json& part : content) {
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
     if (!part.is_object() || !part.contains("type") || !part.at("type").is_string()) {
       bad_request(param, fmt::format("each part of '{}' must be an object with a string 'type'", param));
     }
     const std::string type = part.at("type").get<std::string>();
+    if (type == "image_url") {
+      const std::string where = fmt::format("{}[{}]", param, j);
+      if (role != "user") bad_request(where, fmt::format("'{}': images may only be sent in user messages", where));
+      const Json* url = part.contains("image_url") ? &part.at("image_url") : nullptr;
+      if (url != nullptr && url->is_object()) url = url->contains("url") ? &url->at("url") : nullptr;
+      if (url == nullptr || !url->is_string() || url->get<std::string>().empty()) {
+        bad_request(where, fmt::format("'{}' needs 'image_url': {{\"url\": \"...\"}} with a non-empty url", where));
+      }
+      images.push_back({url->get<std::string>(), where});
+      text += kImagePlaceholder;
+      continue;
+    }
     if (type != "text") {
-      bad_request(param, fmt::format("'{}' has a part of type '{}': only text parts are supported", param, type));
+      bad_request(param, fmt::format("'{}' has a part of type '{}': only text and image_url parts are supported", param,
+                                     type));
     }
     if (!part.contains("text") || !part.at("text").is_string()) {
       bad_request(param, fmt::format("a text part of '{}' needs a string 'text'", param));
@@ -197,7 +213,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
       if (!m.contains("content") || m.at("content").is_null()) {
         bad_request(param + ".content", fmt::format("'{}.content' is required", param));
       }
-      r.messages.push_back({role, message_content(m.at("content"), i), std::nullopt});
+      r.messages.push_back({role, message_content(m.at("content"), i, role, r.images), std::nullopt});
     }
   } else {
     if (!f.has("prompt")) bad_request("prompt", "'prompt' is required");

@@ -37,10 +37,19 @@ Json error_json(const ApiError& error);
 /// ApiError 400 invalid_request_error naming `param`.
 [[noreturn]] void bad_request(const std::string& param, const std::string& message);
 
+/// An image content part of a chat request ({"type": "image_url", "image_url": {"url": ...}}): its URL (a data:
+/// URL, a file:// URL or path, or http(s)) and the request field it came from ("messages[1].content[2]"). Its
+/// place in the message's text holds kImagePlaceholder.
+struct ImagePart {
+  std::string url;
+  std::string param;
+};
+
 struct CompletionRequest {
   bool chat = false;
   std::string model;                              // "" when not given
   std::vector<ChatMessage> messages;              // chat: the conversation
+  std::vector<ImagePart> images;                  // chat: the image parts, in order of their placeholders
   std::string prompt;                             // completions: the prompt text ...
   std::optional<std::vector<int64_t>> prompt_ids;  // ... or its token ids
   std::optional<int64_t> max_tokens;              // unset: up to the end of the sequence's context
@@ -58,7 +67,9 @@ struct CompletionRequest {
 /// take `defaults` (the model's generation_config.json) or OpenAI's defaults. Throws ApiError 400 naming the field
 /// for malformed JSON, invalid UTF-8, a missing or empty messages/prompt, an unknown role, a wrong type or a value
 /// out of range (n 1..8, at most 16 non-empty stop strings, top_logprobs 0..20), and for response_format other
-/// than text or any tools, which are not supported yet.
+/// than text or any tools, which are not supported yet. Image parts ("image_url", its url as a string or
+/// {"url": ...}) become kImagePlaceholder in their message's text and an entry of `images`; only user messages may
+/// hold them, and other part types are refused.
 CompletionRequest parse_completion_request(const std::string& body, bool chat, const SamplingParams& defaults);
 
 /// One choice's outcome so far.

@@ -114,11 +114,17 @@ void HttpServer::State::completions(const httplib::Request& req, httplib::Respon
     adapter = (it - options.adapter_names.begin()) + 1;
   }
   std::vector<int64_t> prompt;
+  ImageInputs images;  // the request's images, preprocessed once and shared by its n sequences
+  if (!request.images.empty() && !s.encode.images) {
+    bad_request(request.images.front().param, "this model takes text only: image parts need a vision-language model");
+  }
+  // Read and checked before the prompt is encoded; each refusal names its part.
+  std::vector<vision::EncodedImage> opened = fetch_images(request.images, options.media);
   try {
     if (chat) {
       if (!s.chat()) bad_request("messages", "this model has no chat template: use /v1/completions, or start the server with --template NAME");
-      const EncodedPrompt encoded = s.prompt(request.messages);
-      if (!encoded.pixel_values.empty()) bad_request("messages", "images are not supported by this endpoint yet");
+      const EncodedPrompt encoded = s.prompt(request.messages, std::move(opened));
+      images = encoded.batched_images();
       prompt.assign(encoded.ids.begin(), encoded.ids.end());
     } else if (request.prompt_ids) {
       prompt = *request.prompt_ids;
@@ -150,6 +156,8 @@ void HttpServer::State::completions(const httplib::Request& req, httplib::Respon
     if (!request.ignore_eos) seq.config.eos_ids = s.eos_ids;
     seq.top_logprobs = request.top_logprobs;
     seq.adapter = adapter;
+    seq.pixel_values = images.pixel_values;  // the same tensors for every sequence: no copy
+    seq.image_grid_thw = images.image_grid_thw;
     sequences.push_back(std::move(seq));
   }
   try {

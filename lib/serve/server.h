@@ -10,6 +10,7 @@
 
 #include "infer/engine.h"
 #include "infer/session.h"
+#include "serve/media.h"
 
 namespace swiftcpp::serve {
 
@@ -23,6 +24,8 @@ struct ServerOptions {
   std::vector<std::string> adapter_names;
   int64_t max_queue = 64;           // requests that may wait for a free sequence row; more get 503
   size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  /// Image parts of chat requests (vision-language models): where they may come from and their limits.
+  MediaOptions media;
   /// One line per request and per lifecycle event; may be empty.
   std::function<void(const std::string&)> log;
 };

@@ -376,9 +376,13 @@ Image read_image(const fs::path& file, int64_t max_pixels) {
 
 EncodedImage open_image(const fs::path& file, int64_t max_pixels) {
   require_regular_file(file, "image");
+  return open_image_bytes(read_text_file(file), file.string(), max_pixels);
+}
+
+EncodedImage open_image_bytes(std::string bytes, std::string origin, int64_t max_pixels) {
   EncodedImage out;
-  out.origin = file.string();
-  out.bytes = read_text_file(file);
+  out.origin = std::move(origin);
+  out.bytes = std::move(bytes);
   const auto* data = reinterpret_cast<const uint8_t*>(out.bytes.data());
   const size_t size = out.bytes.size();
   std::tie(out.height, out.width) = image_format(data, size, out.origin, max_pixels) == Format::kJpeg

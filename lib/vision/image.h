@@ -54,6 +54,9 @@ struct EncodedImage {
 /// readable header, width * height within `max_pixels`. Throws as read_image does for those.
 EncodedImage open_image(const fs::path& file, int64_t max_pixels = kMaxImagePixels);
 
+/// The same for bytes held in memory (an image sent in a request); `origin` names them in errors.
+EncodedImage open_image_bytes(std::string bytes, std::string origin, int64_t max_pixels = kMaxImagePixels);
+
 /// Decodes an opened image (read_image's remaining steps). Throws FormatError as read_image does.
 Image decode_image(const EncodedImage& image, int64_t max_pixels = kMaxImagePixels);
 

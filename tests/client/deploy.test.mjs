@@ -39,8 +39,8 @@ async function check(name, fn) {
 // Starts `swiftcpp deploy` on a free port; resolves once /health says 200.
 const children = [];
 process.on('exit', () => { for (const c of children) if (c.exitCode === null) c.kill('SIGKILL'); });
-async function startServer(args) {
-  const child = spawn(bin, ['--threads', threads, 'deploy', '--model', model, '--port', '0', ...args],
+async function startServer(args, modelDir = model) {
+  const child = spawn(bin, ['--threads', threads, 'deploy', '--model', modelDir, '--port', '0', ...args],
                       { stdio: ['ignore', 'ignore', 'pipe'] });
   children.push(child);
   let log = '';
@@ -418,6 +418,92 @@ await check('--adapters: a request picks its LoRA adapter by name; adapter and b
     assert.equal(r.status, 404);
   } finally {
     srv.child.kill('SIGKILL');
+  }
+});
+
+// Images over the API on the tiny Qwen2-VL of ../shared (skipped with the reason when absent): a data URL, a
+// loopback http URL and an allowed local file answer exactly as `swiftcpp infer --image`; n: 2 shares the images;
+// requests with and without images share the engine; each bad part is a 400 naming it.
+const qwen = join(root, '..', 'shared', 'assets', 'reference', 'qwen2_vl', 'tiny-qwen2-vl');
+const imageDir = join(root, '..', 'shared', 'assets', 'images');
+await check('image parts (data URL, loopback URL, allowed file) answer as infer --image; bad parts are 400s naming them', async () => {
+  if (!existsSync(join(qwen, 'config.json')) || !existsSync(join(imageDir, 'coffee.jpg'))) {
+    console.log(`  skipped: ${qwen} or ${imageDir} absent (../shared/assets)`);
+    return;
+  }
+  const http = await import('node:http');
+  const media = http.createServer((req, res) => {
+    if (req.url === '/coffee.jpg') {
+      res.writeHead(200, { 'Content-Type': 'image/jpeg' });
+      res.end(readFileSync(join(imageDir, 'coffee.jpg')));
+    } else if (req.url === '/moved') {
+      res.writeHead(302, { Location: '/coffee.jpg' });
+      res.end();
+    } else if (req.url === '/elsewhere') {
+      res.writeHead(302, { Location: 'ftp://127.0.0.1/coffee.jpg' });
+      res.end();
+    } else {
+      res.writeHead(404);
+      res.end();
+    }
+  });
+  await new Promise((resolve) => media.listen(0, '127.0.0.1', resolve));
+  const mediaBase = `http://127.0.0.1:${media.address().port}`;
+  const srv = await startServer(['--parallel', '3', '--allowed-local-media-path', imageDir, '--allow-remote-media',
+                                 '--max-images-per-request', '2'], qwen);
+  try {
+    const question = 'What is in the picture?';
+    const rows = ['coffee.jpg', 'camera.png'].map((f) => JSON.stringify(
+      { messages: [{ role: 'user', content: `<image>${question}` }], images: [join(imageDir, f)] })).join('\n');
+    writeFileSync(join(work, 'images.jsonl'), rows + '\n');
+    const r = spawnSync(bin, ['--threads', threads, 'infer', '--model', qwen, '--prompts-file', join(work, 'images.jsonl'),
+                              '--output', join(work, 'images.out.jsonl'), '--temperature', '0', '--max-new-tokens', '12',
+                              '--batch-size', '1'],
+                        { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    const [coffee, camera] = readFileSync(join(work, 'images.out.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const c = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0 });
+    const ask = (url, extra = {}) => c.chat.completions.create({
+      model: 'tiny-qwen2-vl', temperature: 0, max_tokens: 12, ...extra,
+      messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url } }, { type: 'text', text: question }] }] });
+    const dataUrl = `data:image/jpeg;base64,${readFileSync(join(imageDir, 'coffee.jpg')).toString('base64')}`;
+    const [viaData, viaHttp, viaFile, viaRedirect, text] = await Promise.all([
+      ask(dataUrl), ask(`${mediaBase}/coffee.jpg`), ask(`file://${join(imageDir, 'camera.png')}`), ask(`${mediaBase}/moved`),
+      c.chat.completions.create({ model: 'tiny-qwen2-vl', temperature: 0, max_tokens: 12,
+                                  messages: [{ role: 'user', content: question }] })]);
+    for (const [got, want, what] of [[viaData, coffee, 'data URL'], [viaHttp, coffee, 'loopback URL'],
+                                     [viaRedirect, coffee, 'redirected URL'], [viaFile, camera, 'allowed file']]) {
+      assert.equal(got.choices[0].message.content, want.response, what);
+      assert.equal(got.usage.prompt_tokens, want.prompt_tokens, what);
+    }
+    assert.ok(text.usage.prompt_tokens < coffee.prompt_tokens);
+    const two = await ask(dataUrl, { n: 2 });
+    assert.deepEqual(two.choices.map((ch) => ch.message.content), [coffee.response, coffee.response]);
+
+    const post = (messages) => fetch(`${srv.base}/v1/chat/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ messages, max_tokens: 2 }) });
+    const part = (url) => ({ type: 'image_url', image_url: { url } });
+    const cases = [
+      [[{ role: 'user', content: [{ type: 'text', text: 'x' }, part('file:///etc/passwd')] }], 'messages[0].content[1]', 'outside'],
+      [[{ role: 'user', content: [part('data:image/png;base64,%%%')] }], 'messages[0].content[0]', 'base64'],
+      [[{ role: 'user', content: [part(dataUrl), part(dataUrl), part(dataUrl)] }], 'messages[0].content[2]', 'more than the 2'],
+      [[{ role: 'user', content: [part(`${mediaBase}/elsewhere`)] }], 'messages[0].content[0]', 'not http(s)'],
+      [[{ role: 'user', content: [part(`${mediaBase}/absent.png`)] }], 'messages[0].content[0]', 'HTTP 404'],
+      [[{ role: 'user', content: [part('data:image/gif;base64,R0lGODlhAQABAAAAACw=')] }], 'messages[0].content[0]', 'GIF'],
+      [[{ role: 'assistant', content: [part(dataUrl)] }, { role: 'user', content: 'x' }], 'messages[0].content[0]', 'user messages'],
+    ];
+    for (const [messages, param, words] of cases) {
+      const res = await post(messages);
+      const body = await res.json();
+      assert.equal(res.status, 400, JSON.stringify(body));
+      assert.equal(body.error.param, param, JSON.stringify(body));
+      assert.ok(body.error.message.includes(words), `${words}: ${body.error.message}`);
+    }
+    const after = await ask(dataUrl);  // still serving
+    assert.equal(after.choices[0].message.content, coffee.response);
+  } finally {
+    srv.child.kill('SIGKILL');
+    media.close();
   }
 });
 

@@ -464,7 +464,7 @@ TEST_P(GoldenQwen2VL, TypedImageAndVideoTokensAreRefusedUnderOneRule) {
       test::expect_error<BadRowError>([&] { encoder.encode(normalise_row(row, "rows.jsonl:3")); },
                                       {"rows.jsonl:3", "media token", "message 0", token, what, "<image>"});
       const std::vector<ChatMessage> prompt = {{"user", token + " what?", std::nullopt}};
-      test::expect_error<ConfigError>([&] { encoder.encode_prompt(prompt, {}); }, {"message 0", token, what});
+      test::expect_error<ConfigError>([&] { encoder.encode_prompt(prompt, std::vector<fs::path>{}); }, {"message 0", token, what});
     }
   }
   // The same text without the tokens encodes.

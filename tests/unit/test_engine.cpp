@@ -7,6 +7,7 @@
 #include "infer/generate.h"
 #include "peft/adapter_bank.h"
 #include "peft/lora.h"
+#include "serve/media.h"
 #include "serve/openai.h"
 #include "tests/tensor_util.h"
 #include "tokenizer/tokenizer.h"
@@ -314,6 +315,106 @@ TEST(OpenAiRequest, DecodesFieldsAndRefusesBadOnesNamingThem) {
   EXPECT_TRUE(serve::valid_utf8("h\xC3\xA9llo \xF0\x9F\x98\x80"));
   EXPECT_FALSE(serve::valid_utf8("\xED\xA0\x80"));  // a surrogate
   EXPECT_FALSE(serve::valid_utf8("\xC0\xAF"));      // overlong
+}
+
+// Image parts: each becomes the placeholder at its place and an entry naming its field; other part types, parts
+// without a url and images outside user messages are 400s naming the part.
+TEST(OpenAiRequest, ImagePartsBecomePlaceholdersNamingTheirFields) {
+  const auto r = serve::parse_completion_request(
+      R"({"messages": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": [{"type": "text", "text": "A: "},
+                                                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                                    {"type": "text", "text": " B: "},
+                                                    {"type": "image_url", "image_url": "file:///x.png"}]}]})",
+      true, SamplingParams{});
+  EXPECT_EQ(r.messages[1].content, "A: <image> B: <image>");
+  ASSERT_EQ(r.images.size(), 2u);
+  EXPECT_EQ(r.images[0].url, "data:image/png;base64,AAAA");
+  EXPECT_EQ(r.images[0].param, "messages[1].content[1]");
+  EXPECT_EQ(r.images[1].param, "messages[1].content[3]");
+  const auto refused = [](const std::string& body, const std::string& param, const std::string& words) {
+    try {
+      serve::parse_completion_request(body, true, SamplingParams{});
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << body;
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+          "messages[0].content[0]", "url");
+  refused(R"({"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
+          "messages[0].content[0]", "user messages");
+  refused(R"({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]})",
+          "messages[0].content", "input_audio");
+}
+
+// The sources of an image part: data URLs (base64 checked, size limited), files only under the allowed folder,
+// remote URLs only when allowed; the image's header is read and checked, its origin is the part's field.
+TEST(ServeMedia, DataUrlsAndAllowedFilesOpenOthersAreRefusedNamingThePart) {
+  EXPECT_EQ(serve::decode_base64("aGVsbG8="), std::optional<std::string>("hello"));
+  EXPECT_EQ(serve::decode_base64("aGVsbG8"), std::optional<std::string>("hello"));
+  EXPECT_EQ(serve::decode_base64(""), std::optional<std::string>(""));
+  EXPECT_FALSE(serve::decode_base64("aGVs bG8=").has_value());
+  EXPECT_FALSE(serve::decode_base64("a").has_value());
+  const fs::path images = test::assets() / "images";
+  SWIFTCPP_REQUIRE_SHARED(images / "coffee.jpg");
+  const std::string bytes = read_text_file(images / "coffee.jpg");
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string b64;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 2]);
+    b64 += kAlphabet[(v >> 18) & 63];
+    b64 += kAlphabet[(v >> 12) & 63];
+    b64 += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    b64 += i + 2 < bytes.size() ? kAlphabet[v & 63] : '=';
+  }
+  serve::MediaOptions options;
+  const vision::EncodedImage data = serve::fetch_image({"data:image/jpeg;base64," + b64, "messages[0].content[0]"}, options);
+  EXPECT_EQ(data.bytes, bytes);
+  EXPECT_EQ(data.width, 600);
+  EXPECT_EQ(data.height, 400);
+  EXPECT_EQ(data.origin, "messages[0].content[0]");
+  const auto refused = [&](const std::string& url, const std::string& words) {
+    try {
+      serve::fetch_images({{url, "messages[2].content[1]"}}, options);
+      ADD_FAILURE() << "accepted: " << url.substr(0, 80);
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "messages[2].content[1]");
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused("data:image/jpeg;base64,@@@@", "base64");
+  refused("data:image/jpeg," + b64, "base64 data URLs");
+  refused("data:text/plain;base64," + b64, "not an image");
+  refused("data:image/gif;base64,R0lGODlhAQABAAAAACw=", "GIF");
+  const std::string url = "file://" + (images / "camera.png").string();
+  refused(url, "--allowed-local-media-path");
+  refused("http://127.0.0.1:9/x.png", "--allow-remote-media");
+  refused("ftp://example.com/x.png", "not a data:");
+  options.max_image_bytes = 1000;
+  refused("data:image/jpeg;base64," + b64, "more than the 1000");
+  options.max_image_bytes = int64_t{20} << 20;
+  options.max_pixels = 600 * 400 - 1;
+  refused("data:image/jpeg;base64," + b64, "limit");
+  options.max_pixels = vision::kMaxImagePixels;
+  options.allowed_local_path = images;
+  EXPECT_EQ(serve::fetch_image({url, "p"}, options).width, 512);
+  refused("file:///etc/passwd", "outside the allowed media folder");
+  refused("file://" + (images / ".." / "images" / ".." / "README.md").string(), "outside");
+  refused("file://" + (images / "absent.png").string(), "cannot be read");
+  options.max_images = 1;
+  try {
+    serve::fetch_images({{url, "messages[0].content[0]"}, {url, "messages[0].content[1]"}}, options);
+    ADD_FAILURE() << "two images accepted with max_images 1";
+  } catch (const serve::ApiError& e) {
+    EXPECT_EQ(e.param, "messages[0].content[1]");
+    EXPECT_NE(std::string(e.what()).find("2 images, more than the 1 allowed"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -433,7 +433,7 @@ TEST(MmDataEncode, PromptsWithImages) {
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(std::vector<int>(s->input_ids.begin(), s->input_ids.begin() + static_cast<std::ptrdiff_t>(p.ids.size())), p.ids);
 
-  expect_error<ConfigError>([&] { enc.encode_prompt(prompt, {}); }, {"1 <image> placeholder(s)", "0 image(s)"});
+  expect_error<ConfigError>([&] { enc.encode_prompt(prompt, std::vector<fs::path>{}); }, {"1 <image> placeholder(s)", "0 image(s)"});
   expect_error<ConfigError>([&] { enc.encode_prompt({{"user", "hi", {}}}, {images_dir() / "coffee.jpg"}); },
                             {"0 <image> placeholder(s)", "1 image(s)"});
   expect_error<IoError>([&] { enc.encode_prompt(prompt, {images_dir() / "absent.jpg"}); }, {"absent.jpg"});
@@ -441,7 +441,7 @@ TEST(MmDataEncode, PromptsWithImages) {
   expect_error<ConfigError>([&] { text_only.encode_prompt(prompt, {images_dir() / "coffee.jpg"}); },
                             {"vision-language model"});
   EXPECT_EQ(text_only.encode_prompt(prompt), plain);  // the text-only call is unchanged
-  EXPECT_EQ(enc.encode_prompt({{"user", "hi", {}}}), enc.encode_prompt({{"user", "hi", {}}}, {}).ids);
+  EXPECT_EQ(enc.encode_prompt({{"user", "hi", {}}}), enc.encode_prompt({{"user", "hi", {}}}, std::vector<fs::path>{}).ids);
 }
 
 // transformers 4.40 leaves one image token per image; the reference data holds the expanded layout.
