@@ -11,7 +11,7 @@
 # Environment knobs (defaults in brackets):
 #   BUILD_DIR [build]  THREADS [2]  CONCURRENCY [8]  REQUESTS [16]  SINGLE_REQUESTS [4]  MAX_TOKENS [64]
 #   PROMPT_WORDS [30]  ROUNDS [2]  MODEL [bench/models/bench25m-qwen2-vl]  IMAGE [../shared/assets/images/coffee.jpg]
-#   PYTHON [/usr/bin/python3]
+#   TEMPLATE [chatml] (the benchmark model has none of its own)  PYTHON [/usr/bin/python3]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,6 +26,7 @@ ROUNDS=${ROUNDS:-2}
 MODEL=${MODEL:-bench/models/bench25m-qwen2-vl}
 IMAGE=${IMAGE:-../shared/assets/images/coffee.jpg}
 PYTHON=${PYTHON:-/usr/bin/python3}
+TEMPLATE=${TEMPLATE:-chatml}
 BIN=$BUILD_DIR/bin/swiftcpp
 [[ -x $BIN ]] || { echo "error: $BIN not found (cmake --build $BUILD_DIR --target swiftcpp)" >&2; exit 1; }
 [[ -f $IMAGE ]] || { echo "error: $IMAGE not found (../shared/assets is needed)" >&2; exit 1; }
@@ -43,17 +44,18 @@ mkdir -p "$OUT"
     echo "requests: $SINGLE_REQUESTS at 1 stream, $REQUESTS at $CONCURRENCY streams; $MAX_TOKENS new tokens, ~$PROMPT_WORDS words"
 } > "$OUT/machine.txt"
 
-"$BIN" --threads "$THREADS" deploy --model "$MODEL" --port 0 --parallel "$CONCURRENCY" --max-queue 64 \
+"$BIN" --threads "$THREADS" deploy --model "$MODEL" --template "$TEMPLATE" --port 0 --parallel "$CONCURRENCY" --max-queue 64 \
     2> "$OUT/deploy.log" &
 SERVER=$!
 trap 'kill $SERVER 2> /dev/null || true' EXIT
 PORT=
 for _ in $(seq 600); do
+    kill -0 "$SERVER" 2> /dev/null || { echo "error: deploy exited:" >&2; cat "$OUT/deploy.log" >&2; exit 1; }
     PORT=$(grep -o 'listening on http://[^:]*:[0-9]*' "$OUT/deploy.log" | grep -o '[0-9]*$' || true)
     [[ -n $PORT ]] && curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break
     sleep 0.1
 done
-[[ -n $PORT ]] || { echo "error: deploy did not start:" >&2; cat "$OUT/deploy.log" >&2; exit 1; }
+curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 || { echo "error: deploy did not start:" >&2; cat "$OUT/deploy.log" >&2; exit 1; }
 URL=http://127.0.0.1:$PORT
 
 for r in $(seq "$ROUNDS"); do

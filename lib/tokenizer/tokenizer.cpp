@@ -192,6 +192,15 @@ std::string TextTokenizer::decode_with_special_tokens(const std::vector<int>& id
   return decode_added(ids, /*render_special=*/true);
 }
 
+std::string TextTokenizer::id_to_piece(int id) const {
+  if (id >= base_->vocab_size()) {
+    for (const AddedToken& t : token_strings_.tokens()) {
+      if (t.id == id) return t.content;
+    }
+  }
+  return base_->id_to_piece(id);
+}
+
 bool TextTokenizer::is_eos(int id) const {
   return std::find(specials_.eos.begin(), specials_.eos.end(), id) != specials_.eos.end();
 }

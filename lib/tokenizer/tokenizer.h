@@ -137,7 +137,9 @@ class TextTokenizer : public Tokenizer {
   int vocab_size() const override { return base_->vocab_size(); }
   int bos_id() const override { return specials_.bos.value_or(-1); }
   std::vector<int> eos_ids() const override { return specials_.eos; }
-  std::string id_to_piece(int id) const override { return base_->id_to_piece(id); }
+  /// The base's piece, or for an id past the base's vocabulary one of the token strings' (a sentencepiece model's
+  /// added tokens: Qwen-style <|endoftext|> as BOS). Throws like the base for an id neither knows.
+  std::string id_to_piece(int id) const override;
   int piece_to_id(const std::string& piece) const override { return base_->piece_to_id(piece); }
 
  private:

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <sstream>
@@ -17,6 +18,8 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/encode.h"
+#include "template/template.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 #include "tests/test_util.h"
@@ -130,6 +133,33 @@ TEST(TokenizerSentencePiece, Stories260KPiecesMatchHuggingFace) {
       EXPECT_EQ(tokenizer->piece_to_id(pieces[i]), ids[i]) << name << " position " << i;
     }
   }
+}
+
+// A sentencepiece checkpoint whose BOS and EOS are added tokens past the model's vocabulary (Qwen's own
+// generation_config.json: bos <|endoftext|>, eos [<|im_end|>, <|endoftext|>]): their pieces come from the added
+// tokens, so the chat template gets them and the strings encode to their ids. It failed with "token id 512 is outside
+// the vocabulary [0, 512)" when the chat template asked for the BOS piece.
+TEST(TokenizerText, AddedTokensPastTheVocabularyServeAsBosAndEos) {
+  TempDir dir;
+  fs::copy_file(stories_dir() / "tokenizer.model", dir.path() / "tokenizer.model");
+  json config = {{"add_bos_token", false},
+                 {"added_tokens_decoder", {{"512", {{"content", "<|endoftext|>"}, {"special", true}}},
+                                          {"513", {{"content", "<|im_start|>"}, {"special", true}}},
+                                          {"514", {{"content", "<|im_end|>"}, {"special", true}}}}}};
+  std::ofstream(dir.path() / "tokenizer_config.json") << config.dump();
+  std::ofstream(dir.path() / "generation_config.json") << R"({"bos_token_id": 512, "eos_token_id": [514, 512]})";
+  const auto tokenizer = load_tokenizer(dir.path());
+  EXPECT_EQ(tokenizer->id_to_piece(512), "<|endoftext|>");
+  EXPECT_EQ(tokenizer->id_to_piece(514), "<|im_end|>");
+  EXPECT_EQ(tokenizer->id_to_piece(1), tokenizer->base().id_to_piece(1));
+  EXPECT_THROW(tokenizer->id_to_piece(600), Error);
+  const auto chat = chat_template_for(*tokenizer, "chatml");
+  ASSERT_NE(chat, nullptr);
+  const std::string text = chat->render_text({{"user", "hi", std::nullopt}}, /*add_generation_prompt=*/true);
+  const std::vector<int> ids = tokenizer->encode_with_special_tokens(text);
+  EXPECT_EQ(ids.front(), 513) << show(ids);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 514), 1) << show(ids);
+  EXPECT_TRUE(tokenizer->is_eos(514));
 }
 
 TEST(TokenizerText, Stories260KOnceUponATime) {
