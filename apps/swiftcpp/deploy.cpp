@@ -34,6 +34,7 @@ struct DeployOptions {
   int64_t prefill_chunk = 512;
   double drain_seconds = 10;
   int64_t max_request_bytes = 0;  // 0: 1 MiB, or 32 MiB for a vision-language model (images in data URLs)
+  int64_t max_header_bytes = 64 << 10;
   std::string allowed_local_media_path;
   bool allow_remote_media = false;
   int64_t max_images_per_request = 8;
@@ -49,6 +50,7 @@ int run_deploy(const DeployOptions& o) {
   if (o.port < 0 || o.port > 65535) fail<ConfigError>("--port must be in [0, 65535], got {}", o.port);
   if (!(o.drain_seconds >= 0)) fail<ConfigError>("--drain-seconds must be >= 0, got {}", o.drain_seconds);
   if (o.max_request_bytes < 0) fail<ConfigError>("--max-request-bytes must be >= 0 (0: automatic), got {}", o.max_request_bytes);
+  if (o.max_header_bytes < 1024) fail<ConfigError>("--max-header-bytes must be >= 1024, got {}", o.max_header_bytes);
   if (o.max_images_per_request < 0) {
     fail<ConfigError>("--max-images-per-request must be >= 0, got {}", o.max_images_per_request);
   }
@@ -90,6 +92,7 @@ int run_deploy(const DeployOptions& o) {
   server_options.max_body_bytes = static_cast<size_t>(o.max_request_bytes > 0 ? o.max_request_bytes
                                                       : vision                ? int64_t{32} << 20
                                                                               : int64_t{1} << 20);
+  server_options.max_header_bytes = static_cast<size_t>(o.max_header_bytes);
   server_options.media.allowed_local_path = o.allowed_local_media_path;
   server_options.media.allow_remote = o.allow_remote_media;
   server_options.media.max_images = o.max_images_per_request;
@@ -194,6 +197,8 @@ CommandRun add_deploy_command(CLI::App& root, const GlobalOptions&) {
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt tokens prefilled per engine step")->capture_default_str();
   cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body; larger ones get 413 (0: 1 MiB, "
                   "32 MiB for a vision-language model)")->capture_default_str();
+  cmd->add_option("--max-header-bytes", o->max_header_bytes, "All request headers together; more get 431")
+      ->capture_default_str();
   cmd->add_option("--allowed-local-media-path", o->allowed_local_media_path, "Folder whose files image parts may "
                   "name as file:// URLs (default: none)");
   cmd->add_flag("--allow-remote-media", o->allow_remote_media, "Fetch http(s) image URLs (off by default)");

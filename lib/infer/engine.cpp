@@ -83,7 +83,8 @@ void Engine::validate(const SequenceRequest& request) const {
                       prompt.size(), options_.max_model_len);
   }
   for (int64_t id : prompt) {
-    if ((id < 0 || id >= V) && id != image_id) {
+    // The image token may lie past the text vocabulary; for a text model there is none (image_id -1).
+    if ((id < 0 || id >= V) && (image_id < 0 || id != image_id)) {
       fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
     }
   }

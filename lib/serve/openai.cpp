@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cmath>
 
 #include "data/dataset.h"
@@ -222,6 +223,11 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
       std::vector<int64_t> ids;
       for (const Json& t : list) {
         if (!t.is_number_integer()) bad_request("prompt", "a token-id prompt must hold integers only");
+        // Unsigned values past 2^63 would wrap to negative ids.
+        if (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                                   : t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+          bad_request("prompt", fmt::format("token id {} is not a token id (0..{})", t.dump(), INT32_MAX));
+        }
         ids.push_back(t.get<int64_t>());
       }
       if (ids.empty()) bad_request("prompt", "'prompt' must not be an empty list");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -37,14 +38,29 @@ const char* reason_type(int status) {
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 405: return "invalid_request_error";
+    case 411: return "invalid_request_error";
     case 413: return "invalid_request_error";
+    case 415: return "invalid_request_error";
+    case 431: return "invalid_request_error";
     case 503: return "service_unavailable";
     default: return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
+using LogFn = std::function<void(const std::string&)>;
+
+// A 500 that carries no library text: the client gets an id, the server's log the id with what happened.
+ApiError internal_error(const LogFn& log, const std::string& what) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const std::string id = fmt::format("err-{:08x}{:04x}", salt & 0xffffffffu, counter.fetch_add(1) & 0xffffu);
+  if (log) log(fmt::format("internal error {}: {}", id, what));
+  return ApiError(500, "server_error", fmt::format("internal server error {} (the server's log has the details)", id));
+}
+
 // A streamed response's progress, shared by httplib's content-provider calls.
 struct StreamState {
+  LogFn log;
   CompletionRequest request;
   std::shared_ptr<Ticket> ticket;
   std::shared_ptr<const ModelSession> session;
@@ -184,13 +200,14 @@ void HttpServer::State::completions(const httplib::Request& req, httplib::Respon
         if (!event.update.finish_reason.empty()) c.finish_reason = event.update.finish_reason;
       }
     }
-    if (!ticket->failure().empty()) throw ApiError(500, "server_error", "generation failed: " + ticket->failure());
+    if (!ticket->failure().empty()) throw internal_error(options.log, "generation failed: " + ticket->failure());
     res.set_content(dump(completion_json(request, id, created, model_name, choices, prompt_tokens,
                                          *s.tokenizer)),
                     "application/json");
     return;
   }
   auto st = std::make_shared<StreamState>();
+  st->log = options.log;
   st->request = std::move(request);
   st->ticket = ticket;
   st->session = session;
@@ -233,7 +250,7 @@ void HttpServer::State::completions(const httplib::Request& req, httplib::Respon
           }
         }
         if (!st->ticket->failure().empty()) {
-          send(error_json(ApiError(500, "server_error", "generation failed: " + st->ticket->failure())));
+          send(error_json(internal_error(st->log, "generation failed: " + st->ticket->failure())));
           sink.done();
           return true;
         }
@@ -279,10 +296,35 @@ int HttpServer::start() {
       } catch (const ApiError& e) {
         send_error(res, e);
       } catch (const std::exception& e) {
-        send_error(res, ApiError(500, "server_error", e.what()));
+        send_error(res, internal_error(st.options.log, e.what()));
       }
     };
   };
+  // Before any body is read: the body limit must hold however the body arrives. A chunked body has no length to
+  // check first (411), a compressed one would be inflated past it (415); the headers together stay under their own
+  // limit (431).
+  http.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
+    size_t header_bytes = 0;
+    for (const auto& [key, value] : req.headers) header_bytes += key.size() + value.size() + 4;
+    if (header_bytes > st.options.max_header_bytes) {
+      send_error(res, ApiError(431, "invalid_request_error",
+                               fmt::format("the request's headers take {} bytes, more than the {} allowed", header_bytes,
+                                           st.options.max_header_bytes)));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const std::string encoding = req.get_header_value("Content-Encoding");
+    if (!encoding.empty() && encoding != "identity") {
+      send_error(res, ApiError(415, "invalid_request_error",
+                               fmt::format("Content-Encoding '{}' is not accepted: send the body uncompressed", encoding)));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+      send_error(res, ApiError(411, "invalid_request_error",
+                               "a chunked request body is not accepted: send it with a Content-Length"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   const auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
     send_error(res, ApiError(405, "invalid_request_error", fmt::format("method {} is not allowed on {}", req.method, req.path)));
   };

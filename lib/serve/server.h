@@ -23,7 +23,8 @@ struct ServerOptions {
   /// served name or when absent).
   std::vector<std::string> adapter_names;
   int64_t max_queue = 64;           // requests that may wait for a free sequence row; more get 503
-  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  size_t max_body_bytes = 1 << 20;  // larger bodies get 413; chunked bodies 411, compressed ones 415
+  size_t max_header_bytes = 64 << 10;  // all request headers together; more get 431
   /// Image parts of chat requests (vision-language models): where they may come from and their limits.
   MediaOptions media;
   /// One line per request and per lifecycle event; may be empty.

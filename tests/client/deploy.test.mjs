@@ -342,6 +342,11 @@ await check('malformed requests are answered with their status and no crash', as
     ['invalid UTF-8', () => post('/v1/chat/completions', Buffer.concat([Buffer.from('{"messages": [{"role": "user", "content": "'),
                                                                         Buffer.from([0xc3, 0x28]), Buffer.from('"}]}')])), 400],
     ['unknown fields are ignored', () => post('/v1/chat/completions', msg({ frobnicate: true, user: 'x' })), 200],
+    // Token ids outside the vocabulary, also those that wrap to -1 in 64 bits: 400, never a library's text.
+    ['token id -1', () => post('/v1/completions', JSON.stringify({ prompt: [1, -1], max_tokens: 2 })), 400],
+    ['token id 2^64 - 1', () => post('/v1/completions', '{"prompt": [18446744073709551615], "max_tokens": 2}'), 400],
+    ['token id 2^63', () => post('/v1/completions', '{"prompt": [9223372036854775808], "max_tokens": 2}'), 400],
+    ['token id past the vocabulary', () => post('/v1/completions', JSON.stringify({ prompt: [512], max_tokens: 2 })), 400],
   ];
   for (const [name, send, status] of cases) {
     const r = await send();
@@ -350,7 +355,37 @@ await check('malformed requests are answered with their status and no crash', as
     if (status !== 200) {
       const e = JSON.parse(body).error;
       assert.ok(e && typeof e.message === 'string' && 'type' in e && 'param' in e && 'code' in e, `${name}: ${body}`);
+      assert.ok(!/frame #|Exception raised|c10::/.test(e.message), `${name}: library text in ${body.slice(0, 300)}`);
     }
+  }
+  // The body limit holds however the body arrives: chunked (no length to check first) is 411, compressed 415;
+  // the headers together are bounded (431). Each with an OpenAI error body.
+  const http = await import('node:http');
+  const zlib = await import('node:zlib');
+  const raw = (headers, chunks) => new Promise((resolve, reject) => {
+    const req = http.request(`${server.base}/v1/chat/completions`, {
+      method: 'POST', agent: false, headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}`, ...headers } },
+    (res) => {
+      let body = '';
+      res.on('data', (d) => { body += d; });
+      res.on('end', () => resolve({ status: res.statusCode, body }));
+    });
+    req.on('error', reject);
+    for (const c of chunks) req.write(c);
+    req.end();
+  });
+  const body = msg({});
+  const gz = zlib.gzipSync(Buffer.from(body));
+  const limits = [
+    ['chunked body', await raw({}, [body.slice(0, 10), body.slice(10)]), 411],
+    ['gzip body', await raw({ 'Content-Encoding': 'gzip', 'Content-Length': gz.length }, [gz]), 415],
+    ['80 KB of headers', await raw(Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`X-Pad-${i}`, 'x'.repeat(4000)])),
+                                   [body]), 431],
+  ];
+  for (const [name, r, status] of limits) {
+    assert.equal(r.status, status, `${name}: ${r.body.slice(0, 200)}`);
+    const e = JSON.parse(r.body).error;
+    assert.ok(e && typeof e.message === 'string', `${name}: ${r.body}`);
   }
   assert.equal((await fetch(`${server.base}/health`)).status, 200);
 });

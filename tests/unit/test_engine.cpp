@@ -147,6 +147,8 @@ TEST(Engine, RefusesBadSequences) {
   EXPECT_THROW(engine.add(greedy_request({}, 4)), ConfigError);
   EXPECT_THROW(engine.add(greedy_request(std::vector<int64_t>(17, 5), 4)), ConfigError);
   EXPECT_THROW(engine.add(greedy_request({1, 999999}, 4)), ConfigError);
+  // -1 is no image token for a text model: it was let through and failed inside the embedding lookup.
+  EXPECT_THROW(engine.add(greedy_request({1, -1}, 4)), ConfigError);
   SequenceRequest r = greedy_request({1, 5}, 4);
   r.top_logprobs = 21;
   EXPECT_THROW(engine.add(r), ConfigError);
