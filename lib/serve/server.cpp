@@ -2,9 +2,16 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -48,6 +55,51 @@ const char* reason_type(int status) {
 }
 
 using LogFn = std::function<void(const std::string&)>;
+
+// The socket a request came on: the one among this process's descriptors whose two ends are the request's
+// addresses and ports (cpp-httplib 0.11 does not hand it to handlers); -1 when none is found.
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  const auto address = [](const sockaddr_storage& a, int& port) {
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (a.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+      inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+      port = ntohs(in->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto* in = reinterpret_cast<const sockaddr_in6*>(&a);
+      inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof text);
+      port = ntohs(in->sin6_port);
+    }
+    return std::string(text);
+  };
+  while (const dirent* entry = readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    if (fd <= 2 || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_size = sizeof local, peer_size = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) continue;
+    int local_port = -1, peer_port = -1;
+    const std::string local_addr = address(local, local_port), peer_addr = address(peer, peer_port);
+    if (local_port == req.local_port && peer_port == req.remote_port && peer_addr == req.remote_addr &&
+        local_addr == req.local_addr) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client has closed or reset its end of the connection.
+bool client_gone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
 
 // A 500 that carries no library text: the client gets an id, the server's log the id with what happened.
 ApiError internal_error(const LogFn& log, const std::string& what) {
@@ -191,8 +243,15 @@ void HttpServer::State::completions(const httplib::Request& req, httplib::Respon
   const int64_t created = now_seconds();
   if (!request.stream) {
     std::vector<ChoiceState> choices(request.n);
+    // A client that goes away cancels its request, as a streamed one does (checked a few times a second).
+    const int socket = connection_socket(req);
+    auto checked = std::chrono::steady_clock::now();
     while (!ticket->done()) {
-      for (auto& event : ticket->wait(std::chrono::milliseconds(1000))) {
+      if (std::chrono::steady_clock::now() - checked > std::chrono::milliseconds(200)) {
+        checked = std::chrono::steady_clock::now();
+        if (!ticket->cancelled() && client_gone(socket)) ticket->cancel();
+      }
+      for (auto& event : ticket->wait(std::chrono::milliseconds(200))) {
         ChoiceState& c = choices[event.index];
         c.text += event.update.text;
         c.logprobs.insert(c.logprobs.end(), event.update.logprobs.begin(), event.update.logprobs.end());

@@ -310,6 +310,37 @@ await check('an aborted stream frees its slot within 1 s without disturbing the 
   assert.ok(freed, 'the aborted request still holds its slot after 1 s');
 });
 
+// A non-streamed request whose client goes away is cancelled as a streamed one is: 10 abandoned requests of 400
+// tokens (2 running, 8 waiting) would generate 4,000 tokens; cancelled, their rows are free within 1 s and a few
+// hundred tokens at most are generated after the clients left.
+await check('abandoned non-streamed requests are cancelled within 1 s', async () => {
+  const controllers = Array.from({ length: 10 }, () => new AbortController());
+  const pending = controllers.map((c, i) => fetch(`${server.base}/v1/completions`, {
+    method: 'POST', signal: c.signal, headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ prompt: prompts[i % prompts.length], max_tokens: 400, ignore_eos: true, temperature: 0 }) })
+    .catch(() => null));
+  const t0 = Date.now();
+  while (Date.now() - t0 < 5000 && (await metric('swiftcpp_requests_running')) < 2) {
+    await new Promise((res) => setTimeout(res, 5));
+  }
+  const before = await metric('swiftcpp_generation_tokens_total');
+  for (const c of controllers) c.abort();
+  await Promise.all(pending);
+  const t1 = Date.now();
+  let freed = false;
+  while (Date.now() - t1 < 1000) {
+    if ((await metric('swiftcpp_requests_running')) === 0 && (await metric('swiftcpp_requests_waiting')) === 0) {
+      freed = true;
+      break;
+    }
+    await new Promise((res) => setTimeout(res, 20));
+  }
+  await new Promise((res) => setTimeout(res, 300));
+  const after = await metric('swiftcpp_generation_tokens_total');
+  assert.ok(freed, `abandoned requests still run after 1 s: ${await metric('swiftcpp_requests_running')} running`);
+  assert.ok(after - before < 2000, `${after - before} tokens generated after the clients left`);
+});
+
 await check('malformed requests are answered with their status and no crash', async () => {
   const post = (path, body, headers = {}) => fetch(`${server.base}${path}`, {
     method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}`, ...headers }, body });
