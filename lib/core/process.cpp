@@ -105,6 +105,12 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
       if (index < 0 || (fds[index].revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
       const ssize_t got = read(fd, buffer, sizeof(buffer));
       if (got > 0) {
+        const auto limit = static_cast<size_t>(options.max_output_bytes);
+        if (limit > 0 && into.size() + static_cast<size_t>(got) > limit) {
+          into.append(buffer, limit - into.size());
+          result.output_exceeded = true;
+          return;
+        }
         into.append(buffer, static_cast<size_t>(got));
       } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
         open = false;
@@ -113,6 +119,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
     };
     drain(out_i, out_pipe[0], result.out, out_open);
     drain(err_i, err_pipe[0], result.err, err_open);
+    if (result.output_exceeded) break;
     if (in_i >= 0 && (fds[in_i].revents & (POLLOUT | POLLERR | POLLHUP)) != 0) {
       const ssize_t put = write(to_child, options.input.data() + written, options.input.size() - written);
       if (put > 0) written += static_cast<size_t>(put);
@@ -128,7 +135,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   int status = 0;
   rusage usage{};
   bool reaped = false;
-  while (!result.timed_out) {  // outputs closed: the child has until the deadline to exit
+  while (!result.timed_out && !result.output_exceeded) {  // outputs closed: the child has until the deadline to exit
     const pid_t done = wait4(pid, &status, WNOHANG, &usage);
     if (done == pid || (done < 0 && errno != EINTR)) {
       reaped = done == pid;
@@ -140,7 +147,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
     }
     usleep(1000);
   }
-  if (result.timed_out) {
+  if (result.timed_out || result.output_exceeded) {
     kill(-pid, SIGKILL);
     while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
     }
@@ -157,10 +164,12 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   return result;
 }
 
-ProcessResult run_command(const std::string& command, const std::string& input, double timeout_s) {
+ProcessResult run_command(const std::string& command, const std::string& input, double timeout_s,
+                          int64_t max_output_bytes) {
   ProcessOptions options;
   options.input = input;
   options.timeout_s = timeout_s;
+  options.max_output_bytes = max_output_bytes;
   return run_process({"/bin/sh", "-c", command}, options);
 }
 

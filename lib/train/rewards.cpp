@@ -17,6 +17,11 @@ namespace swiftcpp {
 
 namespace {
 
+// What an external reward command may print: one number a line, so 4 KiB a completion is generous; at least 1 MiB
+// (stderr too, for its messages).
+constexpr int64_t kRewardOutputBytesPerSample = 4096;
+constexpr int64_t kMinRewardOutputBytes = int64_t{1} << 20;
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -160,8 +165,15 @@ class ExternalReward : public NamedReward {
       }
       input += line.dump() + "\n";
     }
-    const ProcessResult r = run_command(command_, input, timeout_s_);
+    // One number a line is all it may print: a runaway command is stopped before its output fills the memory.
+    const int64_t limit = std::max<int64_t>(kMinRewardOutputBytes, kRewardOutputBytesPerSample *
+                                                                      static_cast<int64_t>(samples.size()));
+    const ProcessResult r = run_command(command_, input, timeout_s_, limit);
     const std::string err = r.err.empty() ? "" : fmt::format("; its stderr:\n{}", tail(r.err, 2000));
+    if (r.output_exceeded) {
+      fail<Error>("reward command '{}' printed more than {} bytes for {} completions (killed): one number per line is "
+                  "expected{}", command_, limit, samples.size(), err);
+    }
     if (r.timed_out) {
       fail<Error>("reward command '{}' did not finish within reward_timeout {} s for {} completions (killed){}",
                   command_, timeout_s_, samples.size(), err);

@@ -28,6 +28,12 @@ namespace {
 // scan; encoders write about 10. More than this many scans is refused.
 constexpr int kMaxJpegScans = 500;
 
+// The most memory libjpeg may take for one image: a progressive (or multi-scan) JPEG keeps every DCT coefficient of
+// the whole image (2 bytes each: 6 bytes a pixel at 4:4:4, 3 at 4:2:0) until its last scan, so a 1 MB file
+// declaring 13376 x 13376 pixels asked for 1.7 GB. 384 MiB holds such a buffer for 67 million pixels at 4:4:4
+// (134 million at 4:2:0); a baseline image of any size under the pixel limit needs a few rows only.
+constexpr long kMaxJpegMemory = 384L << 20;
+
 // The first bytes of `data` in hex ("89 50 4e 47"), for messages about unrecognised files.
 std::string leading_bytes(const uint8_t* data, size_t size) {
   std::string out;
@@ -122,14 +128,17 @@ void jpeg_no_output(j_common_ptr) {}
 bool jpeg_header_phase(JpegJob* job, const uint8_t* data, size_t size) {
   if (setjmp(job->jump) != 0) return false;
   jpeg_create_decompress(&job->cinfo);
+  // libjpeg-turbo has no backing store: an image that needs more than this fails with JERR_NO_BACKING_STORE before
+  // the memory is taken.
+  job->cinfo.mem->max_memory_to_use = kMaxJpegMemory;
   jpeg_mem_src(&job->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&job->cinfo, TRUE);
   return true;
 }
 
-// Decodes every scanline as RGB into `out` (rows of `stride` bytes, image_height of them) and reads to the end
-// of the image. False (message in job) on error.
-bool jpeg_decode_phase(JpegJob* job, uint8_t* out, size_t stride) {
+// Starts decompression as RGB: the decoder's own buffers (a multi-scan image's whole coefficient arrays) are taken
+// here, under kMaxJpegMemory. False (message in job) on error.
+bool jpeg_start_phase(JpegJob* job) {
   if (setjmp(job->jump) != 0) return false;
   job->cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&job->cinfo);
@@ -139,6 +148,13 @@ bool jpeg_decode_phase(JpegJob* job, uint8_t* out, size_t stride) {
                   job->cinfo.output_components, job->cinfo.output_width, job->cinfo.output_height);
     return false;
   }
+  return true;
+}
+
+// Decodes every scanline into `out` (rows of `stride` bytes, image_height of them) and reads to the end of the
+// image. False (message in job) on error.
+bool jpeg_decode_phase(JpegJob* job, uint8_t* out, size_t stride) {
+  if (setjmp(job->jump) != 0) return false;
   while (job->cinfo.output_scanline < job->cinfo.output_height) {
     JSAMPROW row = out + static_cast<size_t>(job->cinfo.output_scanline) * stride;
     if (jpeg_read_scanlines(&job->cinfo, &row, 1) != 1) {
@@ -191,6 +207,14 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& origin, i
   decoder.check(origin, max_pixels);
   JpegJob& job = decoder.job;
 
+  if (!jpeg_start_phase(&job)) {
+    if (job.err.msg_code == JERR_NO_BACKING_STORE) {
+      fail<FormatError>("{}: the {} JPEG of {}x{} pixels needs more than {} MiB to decode (its coefficients are kept "
+                        "whole across scans); refused", origin, job.cinfo.progressive_mode ? "progressive" : "multi-scan",
+                        job.cinfo.image_width, job.cinfo.image_height, kMaxJpegMemory >> 20);
+    }
+    fail<FormatError>("{}: invalid or truncated JPEG: {}", origin, job.message);
+  }
   Image image;
   image.height = job.cinfo.image_height;
   image.width = job.cinfo.image_width;

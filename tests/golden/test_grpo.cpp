@@ -450,6 +450,9 @@ TEST(GrpoRewards, ExternalCommandGetsJsonLinesAndItsFailuresStopWithItsStderr) {
   quick.timeout_s = 0.3;
   expect_error<Error>([&] { make_reward_function("external:echo waiting >&2; sleep 5", quick)->score(batch); },
                       {"reward_timeout", "waiting"});
+  // A command that prints without end is stopped at its output limit (1 MiB here), not read into memory.
+  expect_error<Error>([&] { make_reward_function("external:yes 1", RewardSettings{})->score(batch); },
+                      {"printed more than 1048576 bytes", "killed"});
   // A command that never reads its input does not take the process down with SIGPIPE.
   std::vector<RewardSample> big(2000, sample(std::string(1000, 'x')));
   const std::vector<double> ones = make_reward_function("external:yes 1 | head -n 2000", RewardSettings{})->score(big);

@@ -276,6 +276,12 @@ TEST(BenchProcess, RunsAProgramAndCollectsItsResults) {
   EXPECT_TRUE(slow.timed_out);
   EXPECT_LT(slow.seconds, 5.0);
   EXPECT_EQ(run_command("exit 4", "", 10).exit_code, 4);
+  // Output past the limit stops the child (and what it started) and keeps exactly the limit.
+  const ProcessResult chatty = run_command("yes | cat", "", 30, 100000);
+  EXPECT_TRUE(chatty.output_exceeded);
+  EXPECT_FALSE(chatty.timed_out);
+  EXPECT_EQ(chatty.out.size(), 100000u);
+  EXPECT_FALSE(run_command("echo fine", "", 10, 100000).output_exceeded);
 }
 
 TEST(BenchProcess, StopSendsSigintToTheChild) {

@@ -535,6 +535,27 @@ TEST(ImageDecode, JpegWithTooManyScansIsRefused) {
                             {"scans.jpg", "more than 500 scans"});
 }
 
+// A progressive JPEG keeps every coefficient of the whole image until its last scan: a small file declaring 12000 x
+// 12000 pixels (under the pixel limit; 4:2:0) would take 432 MB of coefficients and 432 MB of output. Refused by the
+// decoder's memory budget before either is taken; a real progressive image decodes as before.
+TEST(ImageDecode, ProgressiveJpegOverTheMemoryBudgetIsRefusedBeforeItsBuffers) {
+  std::vector<uint8_t> samples(16 * 16 * 3);
+  for (size_t i = 0; i < samples.size(); ++i) samples[i] = static_cast<uint8_t>(i * 5);
+  std::vector<jpeg_scan_info> scans = {{3, {0, 1, 2, 0}, 0, 0, 0, 0}};
+  for (int c = 0; c < 3; ++c) scans.push_back({1, {c, 0, 0, 0}, 1, 63, 0, 0});
+  std::vector<uint8_t> jpeg = make_jpeg(16, 16, 3, JCS_RGB, samples, scans);
+  EXPECT_EQ(decode(jpeg).width, 16);
+  size_t sof = 2;
+  while (sof + 9 < jpeg.size() && !(jpeg[sof] == 0xff && jpeg[sof + 1] == 0xc2)) {
+    sof += 2 + ((size_t{jpeg[sof + 2]} << 8) | jpeg[sof + 3]);
+  }
+  ASSERT_LT(sof + 9, jpeg.size()) << "no SOF2 marker: not progressive";
+  jpeg[sof + 5] = jpeg[sof + 7] = 12000 >> 8;
+  jpeg[sof + 6] = jpeg[sof + 8] = 12000 & 0xff;
+  expect_error<FormatError>([&] { decode(jpeg, "huge.jpg"); },
+                            {"huge.jpg", "progressive", "12000x12000", "needs more than 384 MiB"});
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Processor
 
