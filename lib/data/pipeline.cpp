@@ -4,6 +4,7 @@
 #include <array>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -327,6 +328,12 @@ EncodedChunks encode_chunks(const std::vector<std::string>& specs, const DataOpt
     out.chunks.push_back(std::move(r.items));
   }
   return out;
+}
+
+size_t validation_rows(double ratio, size_t rows) {
+  if (!(ratio > 0) || rows == 0) return 0;
+  const auto held = static_cast<size_t>(std::ceil(ratio * static_cast<double>(rows)));
+  return std::min(held, rows - 1);
 }
 
 void check_data_options(const DataOptions& options) {

@@ -140,6 +140,11 @@ struct PreparedItems {
 /// Throws ConfigError when no dataset is given or split_dataset_ratio is outside [0, 1).
 void check_data_options(const DataOptions& options);
 
+/// How many of `rows` split_dataset_ratio holds out for validation, for every method (SFT, preference, KTO, GRPO):
+/// ceil(ratio * rows), as Hugging Face datasets' train_test_split (which ms-swift calls) counts its test rows, and
+/// never all of them. 0 for a ratio of 0.
+size_t validation_rows(double ratio, size_t rows);
+
 /// The cache file name's key: a hash of the dataset files' bytes, the data options and each of `settings`
 /// (tokenizer, template, encoder and item-kind settings). Throws IoError when a dataset file cannot be read.
 std::string cache_key(const DataOptions& options, const std::vector<std::string>& settings);
@@ -232,7 +237,7 @@ PreparedItems<Item> prepare_items(const DataOptions& options, const std::vector<
   if (!options.val_dataset.empty()) {
     data.validation = encode_rows(options.val_dataset, options, encode, data.stats);
   } else if (options.split_dataset_ratio > 0) {
-    const auto n_val = static_cast<size_t>(std::llround(options.split_dataset_ratio * static_cast<double>(train.size())));
+    const size_t n_val = validation_rows(options.split_dataset_ratio, train.size());
     data.validation.assign(std::make_move_iterator(train.begin()), std::make_move_iterator(train.begin() + n_val));
     train.erase(train.begin(), train.begin() + n_val);
   }

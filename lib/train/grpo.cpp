@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/collate.h"
+#include "data/prepare.h"
 #include "data/dataset.h"
 #include "data/pipeline.h"
 #include "data/preference_data.h"
@@ -425,7 +426,7 @@ class GrpoTask : public TrainingTask {
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::mt19937_64 rng(static_cast<uint64_t>(c.seed));
       for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
-      const auto held = static_cast<size_t>(std::ceil(c.split_dataset_ratio * static_cast<double>(train_.size())));
+      const size_t held = data_detail::validation_rows(c.split_dataset_ratio, train_.size());
       std::vector<PromptItem> kept;
       std::vector<bool> is_held(train_.size(), false);
       for (size_t i = 0; i < held && i < order.size(); ++i) is_held[order[i]] = true;

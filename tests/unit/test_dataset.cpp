@@ -5,6 +5,7 @@
 #include "data/encode.h"
 #include "data/pipeline.h"
 #include "data/preference_data.h"
+#include "data/prepare.h"
 #include "tests/test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -269,6 +270,17 @@ TEST(Pipeline, ThreadsKeepOrderCacheReloadsAndSplitHoldsOut) {
     EXPECT_EQ(cached.train[i].labels, built.train[i].labels);
   }
   EXPECT_FALSE(prepare_data(o, enc, "other tokenizer").stats.from_cache);  // the key covers the fingerprint
+}
+
+// split_dataset_ratio holds out ceil(ratio * rows) for every method, as Hugging Face datasets' train_test_split
+// counts its test rows (GRPO rounded up and the others to nearest before: 0.12 of 10 rows gave 2 and 1).
+TEST(Dataset, EveryMethodHoldsOutTheSameValidationRows) {
+  EXPECT_EQ(data_detail::validation_rows(0.12, 10), 2u);
+  EXPECT_EQ(data_detail::validation_rows(0.1, 600), 60u);
+  EXPECT_EQ(data_detail::validation_rows(0.99, 3), 2u);  // never every row
+  EXPECT_EQ(data_detail::validation_rows(0.5, 1), 0u);
+  EXPECT_EQ(data_detail::validation_rows(0, 100), 0u);
+  EXPECT_EQ(data_detail::validation_rows(0.3, 0), 0u);
 }
 
 }  // namespace
