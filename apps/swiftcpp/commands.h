@@ -4,9 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace swiftcpp {
 struct SessionOptions;  // infer/session.h
@@ -36,6 +39,15 @@ struct ModelOptions {
 };
 /// Registers the ModelOptions flags on `cmd`.
 void add_model_options(CLI::App* cmd, ModelOptions& o);
+
+/// Every writer's one rule: an output path that already holds something (a file, a folder, a symbolic link, even a
+/// dangling one) is refused unless the command's --overwrite is given; with it the output replaces the path
+/// itself (a link is replaced, never written through). Throws ConfigError naming `flag` and the path.
+inline void refuse_existing_output(const std::string& path, const char* flag, bool overwrite) {
+  std::error_code ec;
+  if (overwrite || path.empty() || !std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  fail<ConfigError>("{} {} exists (pass --overwrite to replace it)", flag, path);
+}
 
 /// `swiftcpp infer`: generation from a model folder.
 CommandRun add_infer_command(CLI::App& root, const GlobalOptions& globals);

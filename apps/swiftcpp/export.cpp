@@ -36,9 +36,7 @@ void check_export_output(const ExportOptions& o) {
   if (o.format == "gguf") {
     if (fs::is_directory(out, ec)) fail<ConfigError>("--output {} is a folder; --format gguf writes one file", out.string());
     check_output_file(out, "--output");
-    if (fs::exists(out, ec) && !o.overwrite) {
-      fail<ConfigError>("--output {} exists (pass --overwrite to replace it)", out.string());
-    }
+    refuse_existing_output(out.string(), "--output", o.overwrite);
   } else {
     check_output_folder(out, "--output");
     if (fs::exists(out, ec) && !fs::is_empty(out, ec) && !o.overwrite) {

@@ -45,6 +45,7 @@ struct InferOptions {
   std::string attention = "auto";
   int64_t batch_size = 8;
   std::string output_logits;
+  bool overwrite = false;  // replace an existing --output / --output-logits
   bool no_stream = false;
   bool echo = false;
   std::string system;
@@ -293,6 +294,8 @@ int run_infer(const InferOptions& o) {
   for (const auto& image : o.images) require_regular_file(image, "--image");
   if (!o.output.empty()) check_output_file(o.output, "--output");
   if (!o.output_logits.empty()) check_output_file(o.output_logits, "--output-logits");
+  refuse_existing_output(o.output, "--output", o.overwrite);
+  refuse_existing_output(o.output_logits, "--output-logits", o.overwrite);
   nn::set_attention_backend(parse_backend(o.attention));
   const SessionOptions open = o.m.session();
   // A .gguf file brings weights and configuration; tokenizer, templates and generation defaults come from a
@@ -405,6 +408,7 @@ CommandRun add_infer_command(CLI::App& root, const GlobalOptions&) {
       ->capture_default_str();
   cmd->add_option("--batch-size", o->batch_size, "Prompts per batch with --prompts-file")->capture_default_str();
   cmd->add_option("--output-logits", o->output_logits, "Write the prompt's full logits [T, V] to a safetensors file");
+  cmd->add_flag("--overwrite", o->overwrite, "Replace an existing --output or --output-logits");
   cmd->add_flag("--no-stream", o->no_stream, "Print the text when done instead of token by token");
   cmd->add_flag("--echo", o->echo, "Print the prompt before the generated text");
   cmd->add_option("--system", o->system, "System prompt (needs a chat template)");

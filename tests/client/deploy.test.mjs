@@ -465,7 +465,7 @@ await check('--adapters: a request picks its LoRA adapter by name; adapter and b
   writeFileSync(join(work, 'ap.jsonl'), prompts.slice(0, 4).map((p) => JSON.stringify({ prompt: p })).join('\n') + '\n');
   const expect = (extra) => {
     infer(['--template', 'raw', '--prompts-file', join(work, 'ap.jsonl'), '--output', join(work, 'ap-out.jsonl'),
-           '--temperature', '0', '--max-new-tokens', '30', ...extra]);
+           '--overwrite', '--temperature', '0', '--max-new-tokens', '30', ...extra]);
     return readFileSync(join(work, 'ap-out.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).response);
   };
   const base = expect([]), tuned = expect(['--adapters', ckpt]);

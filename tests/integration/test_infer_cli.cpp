@@ -43,6 +43,32 @@ TEST(InferCli, PromptsFileAndLogitsOutput) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto file = SafetensorsFile::open(dir / "logits.safetensors");
   EXPECT_EQ(file->info("logits").shape, (std::vector<int64_t>{5, 512}));
+  // One rule for every writer: an existing output (a file, a link, even a dangling one) is refused without
+  // --overwrite, and nothing is written through a link.
+  const std::string logits_run = "infer --model " + stories_dir().string() + " --prompt 'The dog' --max-new-tokens 1 "
+                                 "--output-logits ";
+  r = run_cli(logits_run + (dir / "logits.safetensors").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--output-logits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--overwrite"), std::string::npos) << r.out;
+  EXPECT_EQ(SafetensorsFile::open(dir / "logits.safetensors")->info("logits").shape, (std::vector<int64_t>{5, 512}));
+  write_file_atomic(dir / "target.txt", "keep me");
+  fs::create_symlink(dir / "target.txt", dir / "link.safetensors");
+  fs::create_symlink(dir / "nowhere", dir / "dangling.safetensors");
+  for (const char* name : {"link.safetensors", "dangling.safetensors", "out.jsonl"}) {
+    const std::string flag = std::string(name) == "out.jsonl" ? "--output" : "--output-logits";
+    r = flag == "--output" ? run_cli("infer --model " + stories_dir().string() + " --prompts-file " +
+                                     (dir / "in.jsonl").string() + " --output " + (dir / name).string())
+                           : run_cli(logits_run + (dir / name).string());
+    EXPECT_NE(r.code, 0) << name;
+    EXPECT_NE(r.out.find("exists (pass --overwrite"), std::string::npos) << name << ": " << r.out;
+  }
+  EXPECT_EQ(read_text_file(dir / "target.txt"), "keep me");
+  r = run_cli(logits_run + (dir / "link.safetensors").string() + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::is_symlink(dir / "link.safetensors"));  // the link itself was replaced
+  EXPECT_EQ(read_text_file(dir / "target.txt"), "keep me");
+  EXPECT_EQ(SafetensorsFile::open(dir / "link.safetensors")->info("logits").shape, (std::vector<int64_t>{4, 512}));
 }
 
 TEST(InferCli, RepeatedStopOptionsWithEscapes) {

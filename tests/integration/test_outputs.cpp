@@ -230,9 +230,13 @@ TEST(OutputsCli, InferAndEvalOutputsRefuseFifosDevicesAndPathsUnderAFile) {
   EXPECT_TRUE(fs::is_symlink(dir / "null"));
   EXPECT_EQ(read_text_file(dir / "plain"), "keep");
   EXPECT_EQ(names_in(dir), (std::set<std::string>{"fifo", "null", "plain", "in.jsonl", "ppl.txt"}));
-  // A regular file is replaced, in one step.
+  // An existing file is kept without --overwrite, replaced in one step with it.
   write_file_atomic(dir / "out.jsonl", "old\n");
-  const auto ok = run_limited(batch + (dir / "out.jsonl").string());
+  const auto kept = run_limited(batch + (dir / "out.jsonl").string());
+  EXPECT_NE(kept.code, 0);
+  EXPECT_NE(kept.out.find("exists (pass --overwrite"), std::string::npos) << kept.out;
+  EXPECT_EQ(read_text_file(dir / "out.jsonl"), "old\n");
+  const auto ok = run_limited(batch + (dir / "out.jsonl").string() + " --overwrite");
   ASSERT_EQ(ok.code, 0) << ok.out;
   EXPECT_NE(read_text_file(dir / "out.jsonl").find("\"response\""), std::string::npos);
 }
