@@ -24,6 +24,9 @@ PreferenceTask preference_task_for(const std::string& rlhf_type) {
 
 namespace {
 
+// The largest |margin| a reward-model row may carry.
+constexpr double kMaxMargin = 1e4;
+
 [[noreturn]] void bad(const std::string& where, const std::string& reason, const std::string& detail = "") {
   throw BadRowError(where, reason, detail);
 }
@@ -198,8 +201,9 @@ PreferenceRow normalise_preference_row(const Json& row, const std::string& where
 
   if (has(row, "margin")) {
     const Json& margin = row.at("margin");
-    if (!margin.is_number() || !std::isfinite(margin.get<double>())) {
-      bad(where, "bad margin", "'margin' must be a finite number, got " + describe_json(margin));
+    // A margin is a difference of rewards (a few units); past 1e4 the loss overflows to inf in float32.
+    if (!margin.is_number() || !std::isfinite(margin.get<double>()) || std::abs(margin.get<double>()) > kMaxMargin) {
+      bad(where, "bad margin", "'margin' must be a finite number in [-1e4, 1e4], got " + describe_json(margin));
     }
     out.margin = margin.get<double>();
   }

@@ -469,7 +469,17 @@ Task load_gsm8k(const std::string& name, const fs::path& path, const TaskOptions
     std::vector<Row> rows;
     for (const auto& [where, row] : read_jsonl(p)) {
       Row r{string_field(row, "question", where), string_field(row, "answer", where), where};
-      if (r.answer.find("#### ") == std::string::npos) fail<FormatError>("{}: 'answer' has no '#### N' line", where);
+      const size_t marker = r.answer.rfind("#### ");
+      if (marker == std::string::npos) fail<FormatError>("{}: 'answer' has no '#### N' line", where);
+      // The reference number every prediction is compared with: digits with an optional sign, '.' and ','.
+      std::string number = r.answer.substr(marker + 5);
+      while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
+      const bool numeric = !number.empty() && number.find_first_not_of("-0123456789.,") == std::string::npos &&
+                           number.find_first_of("0123456789") != std::string::npos;
+      if (!numeric) {
+        fail<FormatError>("{}: 'answer' ends in '#### {}': the answer after '#### ' must be a number", where,
+                          number.substr(0, 40));
+      }
       rows.push_back(std::move(r));
     }
     return rows;

@@ -225,6 +225,13 @@ TEST(EvalGsm8k, PromptStopsAndShotsWithoutATrainSplit) {
   write(dir / "bad.jsonl", R"({"question": "q", "answer": "no marker"})" "\n");
   EXPECT_NE(error_of<FormatError>([&] { load_task("gsm8k=" + (dir / "bad.jsonl").string(), "", o); }).find("bad.jsonl:1"),
             std::string::npos);
+  // The reference after '#### ' must be a number: an empty one or NaN would make every prediction wrong unnoticed.
+  for (const char* answer : {"x\\n#### ", "x\\n#### NaN", "x\\n#### seven"}) {
+    write(dir / "bad.jsonl", std::string(R"({"question": "q", "answer": ")") + answer + "\"}\n");
+    const std::string e = error_of<FormatError>([&] { load_task("gsm8k=" + (dir / "bad.jsonl").string(), "", o); });
+    EXPECT_NE(e.find("bad.jsonl:1"), std::string::npos) << e;
+    EXPECT_NE(e.find("must be a number"), std::string::npos) << e;
+  }
 }
 
 // ---- names and files ----

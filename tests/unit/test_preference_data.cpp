@@ -188,6 +188,8 @@ TEST(PrefDataRows, BadRowsNameTheRowAndAStableReason) {
   EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": 5})"), "non-string content");
   EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": {"role": "user", "content": "r"}})"), "wrong role order");
   EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "margin": "big"})"), "bad margin");
+  EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "margin": 1e308})"), "bad margin");
+  EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "margin": -2e4})"), "bad margin");
   EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "rejected": "s"})"), "unknown format");
   EXPECT_EQ(reason_of(R"({"conversations": [{"from": "human", "value": "q"}], "rejected": "r"})"), "no chosen answer");
   EXPECT_EQ(reason_of(R"({"prompt": "q", "rejected": "r"})"), "no chosen answer");
