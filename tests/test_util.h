@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/fs.h"
 
 #include "core/json.h"
@@ -105,6 +107,22 @@ inline CliRun run_cli(const std::string& args, const std::string& env = "") {
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// Starts the CLI with with_test_threads(args), its output in out/log.txt; as soon as a run folder out/v* holds
+/// `checkpoint` (polled every `poll_s` seconds, for at most 6000 polls) sends `signal` ("TERM", "KILL", ...) and
+/// waits for the process. Returns its exit status (128 + the signal when it died of one), or -1 when the shell did
+/// not exit normally.
+inline int run_cli_until_checkpoint(const std::string& args, const fs::path& out, const std::string& checkpoint,
+                                    const std::string& signal, double poll_s = 0.01) {
+  fs::create_directories(out);
+  const std::string cmd = fmt::format(
+      "{} {} >{}/log.txt 2>&1 & pid=$!; "
+      "for i in $(seq 1 6000); do ls -d {}/v*/{} >/dev/null 2>&1 && break; sleep {}; done; "
+      "kill -{} $pid; wait $pid",
+      SWIFTCPP_BINARY, with_test_threads(args), out.string(), out.string(), checkpoint, poll_s, signal);
+  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /// llama.cpp's tokenizer test vectors: `.inp` holds strings each followed by "\n__ggml_vocab_test__\n", `.out`

@@ -185,6 +185,22 @@ void attach_images(Conversation& c, const std::vector<std::string>& column, cons
 
 }  // namespace
 
+std::string message_content_text(const Json& content, const std::string& where, std::vector<std::string>& image_paths) {
+  return content_text(content, where, image_paths);
+}
+
+std::vector<fs::path> prompt_images(const Json& row, const std::vector<ChatMessage>& messages,
+                                    const std::vector<std::string>& part_paths, const std::string& where,
+                                    const fs::path& base_dir) {
+  Conversation c;
+  c.where = where;
+  c.messages = messages;
+  const bool has_column = row.is_object() && row.contains("images") && !row.at("images").is_null();
+  const std::vector<std::string> column = has_column ? images_column(row, where) : std::vector<std::string>{};
+  attach_images(c, column, part_paths, has_column || !part_paths.empty(), base_dir);
+  return c.images;
+}
+
 int64_t count_image_placeholders(std::string_view text) {
   int64_t n = 0;
   for (size_t at = text.find(kImagePlaceholder); at != std::string_view::npos;

@@ -79,6 +79,20 @@ Conversation normalise_row(const Json& row, const std::string& where,
                            const std::optional<std::string>& system_override = std::nullopt,
                            const fs::path& base_dir = {});
 
+/// A message content as normalise_row reads it: a string, or a list of text parts ({"type": "text", "text"|"value"})
+/// and image parts ({"type": "image", "image": path | {"path"}} / {"type": "image_url", "image_url": url |
+/// {"url"}}), each image part written as kImagePlaceholder with its path appended to `image_paths`. Throws
+/// BadRowError naming `where` ("non-text content", "non-string content", "bad images").
+std::string message_content_text(const Json& content, const std::string& where, std::vector<std::string>& image_paths);
+
+/// The images of a prompt as normalise_row attaches them to a conversation: the row's "images" column (when it has
+/// one that is not null) or the paths of the messages' image parts (`part_paths`, as message_content_text gave
+/// them), in placeholder order, relative paths resolved against `base_dir`. Throws BadRowError naming `where` as
+/// normalise_row does ("bad images", "images given twice", "image in an assistant message", "image count mismatch").
+std::vector<fs::path> prompt_images(const Json& row, const std::vector<ChatMessage>& messages,
+                                    const std::vector<std::string>& part_paths, const std::string& where,
+                                    const fs::path& base_dir);
+
 /// A dataset argument "path" or "path#N" (the first N rows).
 struct DatasetSource {
   fs::path path;

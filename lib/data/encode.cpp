@@ -51,7 +51,8 @@ std::string naming(const std::string& file, const std::string& what) {
   return what.find(file) == std::string::npos ? file + ": " + what : what;
 }
 
-// The rendered text with every image placeholder replaced by the family's markup.
+}  // namespace
+
 std::string with_image_markup(std::string text, const ImageEncoding& im) {
   if (im.image_markup == kImagePlaceholder) return text;
   std::string out;
@@ -65,7 +66,12 @@ std::string with_image_markup(std::string text, const ImageEncoding& im) {
   return out;
 }
 
-}  // namespace
+void keep_whole_image_runs(const std::vector<TokenSpan>& runs, int64_t& begin, int64_t& end) {
+  for (const TokenSpan& run : runs) {
+    if (run.begin < begin && begin < run.end) begin = run.end;
+    if (run.begin < end && end < run.end) end = run.begin;
+  }
+}
 
 PlannedImage plan_image_file(const fs::path& path, const ImageEncoding& settings) {
   const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
@@ -241,6 +247,27 @@ const std::pair<std::string, std::string>* SampleEncoder::typed_media_token(cons
   return nullptr;
 }
 
+void SampleEncoder::refuse_typed_media(const std::string& text, const std::string& where,
+                                       const std::string& what) const {
+  if (const auto* token = typed_media_token(text)) {
+    throw BadRowError(where, "media token in the text",
+                      fmt::format("{} holds '{}', the model's {} token, as text: write {} where an image goes{}", what,
+                                  token->first, token->second, kImagePlaceholder,
+                                  token->second == "image" ? "" : " (videos are not supported yet)"));
+  }
+}
+
+PlannedImage SampleEncoder::plan_row_image(const fs::path& path, const std::string& where) const {
+  if (!options_.images) fail<ConfigError>("{}: images need a vision-language model", where);
+  return row_image_step(path, where, [&] { return plan_image_file(path, *options_.images); });
+}
+
+vision::ProcessedImage SampleEncoder::process_row_image(const PlannedImage& image, const fs::path& path,
+                                                        const std::string& where) const {
+  if (!options_.images) fail<ConfigError>("{}: images need a vision-language model", where);
+  return row_image_step(path, where, [&] { return process_planned_image(image, *options_.images); });
+}
+
 std::shared_ptr<const ChatTemplate> chat_template_for(const TextTokenizer& tokenizer, const std::string& name) {
   if (name.empty() || name == "raw") return nullptr;
   TemplateTokens tokens;
@@ -332,17 +359,9 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
                       fmt::format("the row has {} image(s), the model takes text only", c.images.size()));
   }
   if (options_.images) {
-    const auto typed = [&](const std::string& text, const std::string& what) {
-      if (const auto* token = typed_media_token(text)) {
-        throw BadRowError(c.where, "media token in the text",
-                          fmt::format("{} holds '{}', the model's {} token, as text: write {} where an image goes{}",
-                                      what, token->first, token->second, kImagePlaceholder,
-                                      token->second == "image" ? "" : " (videos are not supported yet)"));
-      }
-    };
-    if (c.format == RowFormat::kText) typed(c.text, "the text");
+    if (c.format == RowFormat::kText) refuse_typed_media(c.text, c.where, "the text");
     for (size_t i = 0; i < c.messages.size(); ++i) {
-      typed(c.messages[i].content, fmt::format("message {}", i));
+      refuse_typed_media(c.messages[i].content, c.where, fmt::format("message {}", i));
       if (c.messages[i].role == "assistant" && count_image_placeholders(c.messages[i].content) > 0) {
         throw BadRowError(c.where, "image in an assistant message", fmt::format("message {} holds an image", i));
       }
@@ -425,7 +444,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
     }
     std::vector<int64_t> counts;
     for (const fs::path& path : c.images) {
-      planned.push_back(row_image_step(path, c.where, [&] { return plan_image_file(path, im); }));
+      planned.push_back(plan_row_image(path, c.where));
       counts.push_back(planned.back().tokens);
     }
     int64_t expanded_length = static_cast<int64_t>(ids.size());
@@ -461,10 +480,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
     if (options_.truncation == TruncationStrategy::kDelete) return std::nullopt;
     if (options_.truncation == TruncationStrategy::kLeft) begin = n - options_.max_length;
     else end = options_.max_length;
-    for (const TokenSpan& run : runs) {  // a cut inside an image's run drops the whole image
-      if (run.begin < begin && begin < run.end) begin = run.end;
-      if (run.begin < end && end < run.end) end = run.begin;
-    }
+    keep_whole_image_runs(runs, begin, end);  // a cut inside an image's run drops the whole image
     if (begin >= end) return std::nullopt;
   }
   Sample s;
@@ -476,8 +492,7 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
   if (s.label_tokens() == 0) return std::nullopt;
   for (size_t i = 0; i < runs.size(); ++i) {  // the images whose runs were kept, in order
     if (runs[i].begin >= begin && runs[i].end <= end) {
-      vision::ProcessedImage image = row_image_step(
-          c.images[i], c.where, [&] { return process_planned_image(planned[i], *options_.images); });
+      vision::ProcessedImage image = process_row_image(planned[i], c.images[i], c.where);
       planned[i] = PlannedImage();  // the file's bytes are no longer needed
       s.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
       if (options_.images->processor->variable_size()) s.image_grids.push_back(image.grid_thw);

@@ -102,6 +102,15 @@ PlannedImage plan_image_file(const fs::path& path, const ImageEncoding& settings
 /// Decodes and preprocesses a planned image; its tokens are the plan's. Throws FormatError naming the file.
 vision::ProcessedImage process_planned_image(const PlannedImage& image, const ImageEncoding& settings);
 
+/// `text` with every kImagePlaceholder replaced by the encoding's image_markup (the text as the family's tokenizer
+/// takes it: one image token per image). Does not throw.
+std::string with_image_markup(std::string text, const ImageEncoding& settings);
+
+/// Moves the ends of a cut [begin, end) of a sequence off the image runs `runs` (sorted, disjoint): a run the cut
+/// would split is left out whole, as truncation never keeps part of an image. `begin` may end up at or past `end`.
+/// Does not throw.
+void keep_whole_image_runs(const std::vector<TokenSpan>& runs, int64_t& begin, int64_t& end);
+
 struct EncodeOptions {
   int64_t max_length = 2048;
   TruncationStrategy truncation = TruncationStrategy::kDelete;
@@ -169,6 +178,18 @@ class SampleEncoder {
   EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, const std::vector<fs::path>& images) const;
   /// The same with images already read into memory (a request's parts); errors name each image's origin.
   EncodedPrompt encode_prompt(const std::vector<ChatMessage>& messages, std::vector<vision::EncodedImage> images) const;
+
+  /// Refuses `text` when it holds one of the image settings' media tokens as typed text: BadRowError naming `where`
+  /// ("media token in the text", naming the token and `what`, e.g. "message 2"). Nothing without image settings.
+  void refuse_typed_media(const std::string& text, const std::string& where, const std::string& what) const;
+
+  /// Opens and counts an image of a row (plan_image_file with the image settings). Throws ConfigError without image
+  /// settings, and BadRowError naming `where` ("image unreadable", naming the file) when the file is missing, not a
+  /// supported JPEG/PNG, too large, or of a size the processor refuses.
+  PlannedImage plan_row_image(const fs::path& path, const std::string& where) const;
+  /// Decodes and preprocesses an image plan_row_image planned. Throws like plan_row_image.
+  vision::ProcessedImage process_row_image(const PlannedImage& image, const fs::path& path,
+                                           const std::string& where) const;
 
   const EncodeOptions& options() const { return options_; }
   const std::shared_ptr<const TextTokenizer>& tokenizer() const { return tokenizer_; }

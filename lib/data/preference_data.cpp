@@ -12,8 +12,6 @@
 
 namespace swiftcpp {
 
-const char* const kPreferenceImagesReason = "images in preference rows are not supported yet";
-
 PreferenceTask preference_task_for(const std::string& rlhf_type) {
   if (rlhf_type == "dpo" || rlhf_type == "orpo" || rlhf_type == "cpo" || rlhf_type == "simpo" || rlhf_type == "rm") {
     return PreferenceTask::kPairs;
@@ -26,6 +24,7 @@ namespace {
 
 // The largest |margin| a reward-model row may carry.
 constexpr double kMaxMargin = 1e4;
+
 
 [[noreturn]] void bad(const std::string& where, const std::string& reason, const std::string& detail = "") {
   throw BadRowError(where, reason, detail);
@@ -91,22 +90,12 @@ void copy_keys(const Json& from, Json& to, std::initializer_list<const char*> ke
   }
 }
 
-Conversation normalise_text_only(const Json& sft_row, const std::string& where,
-                                 const std::optional<std::string>& system_override) {
-  Conversation c = normalise_row(sft_row, where, system_override);
-  if (!c.images.empty()) bad(where, kPreferenceImagesReason, fmt::format("{} image part(s)", c.images.size()));
-  return c;
-}
-
 }  // namespace
 
 PreferenceRow normalise_preference_row(const Json& row, const std::string& where, PreferenceTask task,
-                                       const std::optional<std::string>& system_override) {
+                                       const std::optional<std::string>& system_override, const fs::path& base_dir) {
   if (!row.is_object()) bad(where, "unknown format", std::string("a row must be a JSON object, got ") + row.type_name());
   refuse_unsupported_columns(row, where);
-  if (has(row, "images") && !(row.at("images").is_array() && row.at("images").empty())) {
-    bad(where, kPreferenceImagesReason, "the row has an 'images' column");
-  }
   const char* rejected_key = nullptr;
   for (const char* key : {"rejected_messages", "rejected_response", "rejected"}) {
     if (!has(row, key)) continue;
@@ -116,7 +105,7 @@ PreferenceRow normalise_preference_row(const Json& row, const std::string& where
 
   // The chosen conversation, as an SFT row that normalise_row checks.
   Json sft = Json::object();
-  copy_keys(row, sft, {"system", "history"});
+  copy_keys(row, sft, {"system", "history", "images"});
   const bool prompt_is_list = has(row, "prompt") && row.at("prompt").is_array();
   if (row.contains("messages") || row.contains("conversations") || prompt_is_list) {
     const char* source_key = row.contains("messages") ? "messages" : row.contains("conversations") ? "conversations"
@@ -154,19 +143,25 @@ PreferenceRow normalise_preference_row(const Json& row, const std::string& where
         "keys {" + keys + "}; expected messages, conversations (with chosen), prompt/query or instruction with "
         "chosen and rejected answers");
   }
-  const Conversation chosen = normalise_text_only(sft, where, system_override);
+  const Conversation chosen = normalise_row(sft, where, system_override, base_dir);
 
   PreferenceRow out;
   out.where = where;
   out.prompt.assign(chosen.messages.begin(), chosen.messages.end() - 1);
   out.chosen = chosen.messages.back().content;
+  out.images = chosen.images;
 
   if (rejected_key != nullptr && std::strcmp(rejected_key, "rejected_messages") == 0) {
     const Json& list = row.at("rejected_messages");
     Json rejected_row = Json::object();
-    copy_keys(row, rejected_row, {"system"});
+    copy_keys(row, rejected_row, {"system", "images"});
     rejected_row[list_key_for(list)] = list;
-    const Conversation rejected = normalise_text_only(rejected_row, where, system_override);
+    const Conversation rejected = normalise_row(rejected_row, where, system_override, base_dir);
+    if (rejected.images != out.images) {
+      bad(where, "rejected_messages images differ",
+          fmt::format("the prompt has {} image(s) in 'messages' and {} in 'rejected_messages', or other files",
+                      out.images.size(), rejected.images.size()));
+    }
     const size_t n = rejected.messages.size() - 1;
     for (size_t i = 0; i < std::max(n, out.prompt.size()); ++i) {
       if (i >= n || i >= out.prompt.size()) {
@@ -181,6 +176,9 @@ PreferenceRow normalise_preference_row(const Json& row, const std::string& where
     out.rejected = rejected.messages.back().content;
   } else if (rejected_key != nullptr) {
     out.rejected = answer_text(row.at(rejected_key), rejected_key, where);
+    if (!out.images.empty() && count_image_placeholders(*out.rejected) > 0) {
+      bad(where, "image in an assistant message", fmt::format("'{}' holds {}", rejected_key, kImagePlaceholder));
+    }
   }
 
   if (task == PreferenceTask::kKto) {
@@ -294,8 +292,13 @@ std::optional<Sample> cut_sample(const std::vector<int32_t>& prompt, const Prefe
 
 PreferenceEncoder::PreferenceEncoder(std::shared_ptr<const TextTokenizer> tokenizer,
                                      std::shared_ptr<const ChatTemplate> chat_template, PreferenceEncodeOptions options)
-    : sft_(std::move(tokenizer), std::move(chat_template), last_round_unlimited()), options_(options) {
+    : sft_(std::move(tokenizer), std::move(chat_template), last_round_unlimited()), options_(std::move(options)) {
   if (options_.max_length < 2) fail<ConfigError>("max_length must be >= 2, got {}", options_.max_length);
+  if (options_.images) {  // checks the settings against the tokenizer as SFT does
+    EncodeOptions media = last_round_unlimited();
+    media.images = options_.images;
+    media_.emplace(sft_.tokenizer(), sft_.chat_template(), std::move(media));
+  }
   if (options_.truncation != TruncationStrategy::kDelete &&
       (options_.max_prompt_length < 1 || options_.max_prompt_length >= options_.max_length)) {
     fail<ConfigError>("max_prompt_length must be in [1, max_length = {}) with truncation_strategy left or right (the "
@@ -365,18 +368,107 @@ AnswerTokens PreferenceEncoder::encode_answer(const std::vector<ChatMessage>& pr
   return out;
 }
 
+PreferenceEncoder::Prompt PreferenceEncoder::prompt_of(const PreferenceRow& row) const {
+  Prompt p;
+  p.messages = row.prompt;
+  if (!row.images.empty() && !media_) {
+    throw BadRowError(row.where, "images need a vision-language model",
+                      fmt::format("the row has {} image(s), the model takes text only", row.images.size()));
+  }
+  if (media_) {
+    for (size_t i = 0; i < p.messages.size(); ++i) {
+      media_->refuse_typed_media(p.messages[i].content, row.where, fmt::format("message {}", i));
+      p.messages[i].content = with_image_markup(std::move(p.messages[i].content), *options_.images);
+    }
+  }
+  p.ids = encode_prompt(p.messages, row.where);
+  if (!media_) {
+    p.expanded = p.ids;
+    return p;
+  }
+  const int32_t image_token = options_.images->image_token_id;
+  const auto tokens = std::count(p.ids.begin(), p.ids.end(), image_token);
+  if (tokens != static_cast<std::ptrdiff_t>(row.images.size())) {
+    throw BadRowError(row.where, "image count mismatch",
+                      fmt::format("{} image token(s) in the rendered prompt, {} image(s) given", tokens,
+                                  row.images.size()));
+  }
+  for (const fs::path& path : row.images) p.images.push_back(media_->plan_row_image(path, row.where));
+  size_t image = 0;
+  for (const int32_t id : p.ids) {  // each image token -> its image's run
+    if (id != image_token) {
+      p.expanded.push_back(id);
+      continue;
+    }
+    const int64_t n = p.images[image++].tokens;
+    const auto at = static_cast<int64_t>(p.expanded.size());
+    p.runs.push_back({at, at + n});
+    p.expanded.insert(p.expanded.end(), static_cast<size_t>(n), id);
+  }
+  return p;
+}
+
+AnswerTokens PreferenceEncoder::answer_of_row(const Prompt& prompt, const std::string& answer,
+                                              const PreferenceRow& row) const {
+  if (media_) {
+    media_->refuse_typed_media(answer, row.where, "an answer");
+    if (count_image_placeholders(answer) > 0) {
+      throw BadRowError(row.where, "image in an assistant message",
+                        fmt::format("an answer holds {}", kImagePlaceholder));
+    }
+  }
+  return encode_answer(prompt.messages, prompt.ids, answer, row.where);
+}
+
+void PreferenceEncoder::add_images(const PreferenceRow& row, Prompt& prompt, const PreferenceCut& cut,
+                                   Sample& sample) const {
+  for (size_t i = 0; i < prompt.runs.size(); ++i) {
+    const TokenSpan& run = prompt.runs[i];
+    if (run.begin < cut.prompt_begin || run.end > cut.prompt_end) continue;  // cut off whole
+    if (prompt.decoded.size() != prompt.images.size()) prompt.decoded.resize(prompt.images.size());
+    if (!prompt.decoded[i]) {
+      prompt.decoded[i] = media_->process_row_image(prompt.images[i], row.images[i], row.where);
+      prompt.images[i] = PlannedImage();  // the file's bytes are no longer needed
+    }
+    const vision::ProcessedImage& image = *prompt.decoded[i];
+    sample.pixel_values.push_back(image.pixel_values);  // [C, H, W] | [patches, C T P P]
+    if (options_.images->processor->variable_size()) sample.image_grids.push_back(image.grid_thw);
+    sample.image_tokens.push_back(run.end - run.begin);
+  }
+}
+
+namespace {
+
+// The images (pixels, grids, token counts) of `from` given to `to` as the same tensors.
+void share_images(const Sample& from, Sample& to) {
+  to.pixel_values = from.pixel_values;
+  to.image_grids = from.image_grids;
+  to.image_tokens = from.image_tokens;
+}
+
+// The cut with its prompt ends moved off image runs (a run cut in part is left out whole).
+void keep_whole_runs(const std::vector<TokenSpan>& runs, PreferenceCut& cut) {
+  keep_whole_image_runs(runs, cut.prompt_begin, cut.prompt_end);
+  cut.prompt_begin = std::min(cut.prompt_begin, cut.prompt_end);
+}
+
+}  // namespace
+
 std::optional<PreferenceSample> PreferenceEncoder::encode_pair(const PreferenceRow& row) const {
   if (!row.rejected) throw BadRowError(row.where, "no rejected answer", "a KTO row in a pair task");
-  const std::vector<int32_t> prompt = encode_prompt(row.prompt, row.where);
-  const AnswerTokens chosen = encode_answer(row.prompt, prompt, row.chosen, row.where);
-  const AnswerTokens rejected = encode_answer(row.prompt, prompt, *row.rejected, row.where);
-  const PreferenceCut cut = cut_preference_lengths(
-      static_cast<int64_t>(prompt.size()),
+  Prompt prompt = prompt_of(row);
+  const AnswerTokens chosen = answer_of_row(prompt, row.chosen, row);
+  const AnswerTokens rejected = answer_of_row(prompt, *row.rejected, row);
+  PreferenceCut cut = cut_preference_lengths(
+      static_cast<int64_t>(prompt.expanded.size()),
       {static_cast<int64_t>(chosen.ids.size()), static_cast<int64_t>(rejected.ids.size())}, options_);
-  if (!cut.keep) return std::nullopt;
-  std::optional<Sample> c = cut_sample(prompt, cut, 0, chosen);
-  std::optional<Sample> r = cut_sample(prompt, cut, 1, rejected);
+  if (!cut.keep) return std::nullopt;  // known before any image is decoded
+  keep_whole_runs(prompt.runs, cut);
+  std::optional<Sample> c = cut_sample(prompt.expanded, cut, 0, chosen);
+  std::optional<Sample> r = cut_sample(prompt.expanded, cut, 1, rejected);
   if (!c || !r) return std::nullopt;
+  add_images(row, prompt, cut, *c);
+  share_images(*c, *r);
   PreferenceSample s;
   s.chosen = std::move(*c);
   s.rejected = std::move(*r);
@@ -393,14 +485,14 @@ std::vector<std::optional<KtoSample>> PreferenceEncoder::encode_kto(const Prefer
     examples.emplace_back(&row.chosen, true);
     if (row.rejected) examples.emplace_back(&*row.rejected, false);
   }
-  const std::vector<int32_t> prompt = encode_prompt(row.prompt, row.where);
+  Prompt prompt = prompt_of(row);
   std::vector<std::optional<KtoSample>> out;
   for (const auto& [answer, desirable] : examples) {
-    const AnswerTokens completion = encode_answer(row.prompt, prompt, *answer, row.where);
-    const PreferenceCut cut =
-        cut_preference_lengths(static_cast<int64_t>(prompt.size()), {static_cast<int64_t>(completion.ids.size())},
-                               options_);
-    std::optional<Sample> s = cut.keep ? cut_sample(prompt, cut, 0, completion) : std::nullopt;
+    const AnswerTokens completion = answer_of_row(prompt, *answer, row);
+    PreferenceCut cut = cut_preference_lengths(static_cast<int64_t>(prompt.expanded.size()),
+                                               {static_cast<int64_t>(completion.ids.size())}, options_);
+    if (cut.keep) keep_whole_runs(prompt.runs, cut);
+    std::optional<Sample> s = cut.keep ? cut_sample(prompt.expanded, cut, 0, completion) : std::nullopt;
     if (!s) {
       out.emplace_back();
       continue;
@@ -409,8 +501,35 @@ std::vector<std::optional<KtoSample>> PreferenceEncoder::encode_kto(const Prefer
     k.completion = std::move(*s);
     k.prompt_length = cut.prompt_end - cut.prompt_begin;
     k.desirable = desirable;
+    add_images(row, prompt, cut, k.completion);
     out.emplace_back(std::move(k));
   }
+  return out;
+}
+
+std::optional<EncodedPrompt> PreferenceEncoder::encode_generation_prompt(const std::vector<ChatMessage>& prompt,
+                                                                     const std::vector<fs::path>& images,
+                                                                     const std::string& where, int64_t max_tokens,
+                                                                     bool keep_end) const {
+  PreferenceRow row;
+  row.prompt = prompt;
+  row.images = images;
+  row.where = where;
+  Prompt p = prompt_of(row);
+  PreferenceCut cut;
+  cut.prompt_end = static_cast<int64_t>(p.expanded.size());
+  if (cut.prompt_end > max_tokens) {
+    if (!keep_end) return std::nullopt;  // known before any image is decoded
+    cut.prompt_begin = cut.prompt_end - max_tokens;
+    keep_whole_runs(p.runs, cut);
+  }
+  if (cut.prompt_begin >= cut.prompt_end) return std::nullopt;
+  EncodedPrompt out;
+  out.ids.assign(p.expanded.begin() + cut.prompt_begin, p.expanded.begin() + cut.prompt_end);
+  Sample decoded;
+  add_images(row, p, cut, decoded);
+  out.pixel_values = std::move(decoded.pixel_values);
+  out.image_grids = std::move(decoded.image_grids);
   return out;
 }
 
@@ -418,9 +537,11 @@ std::string PreferenceEncoder::fingerprint() const {
   const char* truncation = options_.truncation == TruncationStrategy::kDelete ? "delete"
                            : options_.truncation == TruncationStrategy::kLeft ? "left"
                                                                                : "right";
-  return fmt::format("preference;template={};max_length={};max_prompt_length={};truncation={}",
-                     sft_.chat_template() ? sft_.chat_template()->name() : "raw", options_.max_length,
-                     options_.max_prompt_length, truncation);
+  std::string fp = fmt::format("preference;template={};max_length={};max_prompt_length={};truncation={}",
+                               sft_.chat_template() ? sft_.chat_template()->name() : "raw", options_.max_length,
+                               options_.max_prompt_length, truncation);
+  if (options_.images) fp += ";images=" + image_encoding_fingerprint(*options_.images);
+  return fp;
 }
 
 PreferenceBatch collate_preference(const std::vector<const PreferenceSample*>& pairs, int32_t pad_id) {
@@ -430,7 +551,9 @@ PreferenceBatch collate_preference(const std::vector<const PreferenceSample*>& p
   for (const PreferenceSample* p : pairs) rows.push_back(&p->chosen);
   for (const PreferenceSample* p : pairs) rows.push_back(&p->rejected);
   PreferenceBatch out;
+  out.images = batch_images(std::vector<const Sample*>(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(pairs.size())));
   out.batch = collate_padded(rows, pad_id);  // [2B, T]
+  out.batch.pixel_values = at::Tensor();     // the chosen rows' images serve the rejected rows too: out.images
   out.margin = at::empty({static_cast<int64_t>(pairs.size())}, at::kFloat);  // [B]
   for (size_t i = 0; i < pairs.size(); ++i) out.margin[static_cast<int64_t>(i)] = pairs[i]->margin;
   return out;
@@ -449,6 +572,11 @@ std::vector<Sample> kto_kl_samples(const std::vector<const KtoSample*>& block, c
     const KtoSample& other = *block[n - 1 - i];
     const std::vector<int32_t> prompt(own.completion.input_ids.begin(),
                                       own.completion.input_ids.begin() + own.prompt_length);
+    std::vector<TokenSpan> runs;  // the prompt's image runs (all of the example's images are in its prompt)
+    if (!own.completion.pixel_values.empty()) {
+      if (!options.images) fail<ConfigError>("a KTO example has images but the encoding has no image settings");
+      runs = image_token_runs(prompt, options.images->image_token_id, own.completion.image_tokens);
+    }
     const AnswerTokens completion = answer_of(other.completion, other.prompt_length);
     const auto p = static_cast<int64_t>(prompt.size());
     const auto a = static_cast<int64_t>(completion.ids.size());
@@ -459,11 +587,20 @@ std::vector<Sample> kto_kl_samples(const std::vector<const KtoSample*>& block, c
     } else {
       cut = cut_preference_lengths(p, {a}, options);
     }
+    keep_whole_image_runs(runs, cut.prompt_begin, cut.prompt_end);
+    cut.prompt_begin = std::min(cut.prompt_begin, cut.prompt_end);
     const std::vector<int32_t> kept_prompt(prompt.begin() + cut.prompt_begin, prompt.begin() + cut.prompt_end);
     AnswerTokens kept = completion;
     kept.ids.resize(static_cast<size_t>(cut.answers[0]));
     kept.trained.resize(kept.ids.size());
-    rows.push_back(join_prompt_answer(kept_prompt, kept));
+    Sample row = join_prompt_answer(kept_prompt, kept);
+    for (size_t k = 0; k < runs.size(); ++k) {  // the prompt's images the cut keeps whole
+      if (runs[k].begin < cut.prompt_begin || runs[k].end > cut.prompt_end) continue;
+      row.pixel_values.push_back(own.completion.pixel_values[k]);
+      if (!own.completion.image_grids.empty()) row.image_grids.push_back(own.completion.image_grids[k]);
+      row.image_tokens.push_back(runs[k].end - runs[k].begin);
+    }
+    rows.push_back(std::move(row));
   }
   return rows;
 }
@@ -510,21 +647,27 @@ void count_sample(const Sample& s, DataStats& stats) {
   stats.label_tokens += s.label_tokens();
 }
 
-// Pairs, version 1: per pair u64 prompt length, f64 margin, the chosen and the rejected sample.
+// Pairs, version 2: per pair u64 prompt length, f64 margin, the chosen sample with the prompt's images and the
+// rejected sample without them (it holds the same ones).
 const data_detail::ItemCodec<PreferenceSample>& pair_codec() {
   static const data_detail::ItemCodec<PreferenceSample> codec{
-      {'S', 'W', 'D', 'P', 'A', 'I', 'R', '1'},
+      {'S', 'W', 'D', 'P', 'A', 'I', 'R', '2'},
       [](std::ostream& out, const PreferenceSample& p) {
         data_detail::write_u64(out, static_cast<uint64_t>(p.prompt_length));
         out.write(reinterpret_cast<const char*>(&p.margin), 8);
         data_detail::write_sample(out, p.chosen);
-        data_detail::write_sample(out, p.rejected);
+        Sample rejected_ids;
+        rejected_ids.input_ids = p.rejected.input_ids;
+        rejected_ids.labels = p.rejected.labels;
+        data_detail::write_sample(out, rejected_ids);
       },
       [](CacheReader& in, PreferenceSample& p) {
         if (!read_prompt_length(in, p.prompt_length) || !in.read(&p.margin, 8) || !std::isfinite(p.margin) ||
-            !data_detail::read_sample(in, p.chosen) || !data_detail::read_sample(in, p.rejected)) {
+            !data_detail::read_sample(in, p.chosen) || !data_detail::read_sample(in, p.rejected) ||
+            !p.rejected.pixel_values.empty()) {
           return false;
         }
+        share_images(p.chosen, p.rejected);
         const auto prompt = static_cast<std::ptrdiff_t>(p.prompt_length);
         return holds_prompt(p.chosen, p.prompt_length) && holds_prompt(p.rejected, p.prompt_length) &&
                std::equal(p.chosen.input_ids.begin(), p.chosen.input_ids.begin() + prompt,
@@ -568,11 +711,17 @@ constexpr const char* kDropped = "longer than max_length or nothing to train";
 
 PreferenceData prepare_preference_data(const DataOptions& options, const PreferenceEncoder& encoder,
                                        const std::string& fingerprint) {
+  // Image files are hashed only when there is a cache to key.
+  data_detail::ImageManifest manifest;
+  data_detail::ImageManifest* images = !options.cache_dir.empty() && encoder.options().images ? &manifest : nullptr;
   const data_detail::RowEncoder<PreferenceSample> encode =
-      [&](const Json& row, const std::string& where, const fs::path&, std::vector<PreferenceSample>& out,
+      [&](const Json& row, const std::string& where, const fs::path& base_dir, std::vector<PreferenceSample>& out,
           SkipCounts& skipped) {
-        std::optional<PreferenceSample> pair =
-            encoder.encode_pair(normalise_preference_row(row, where, PreferenceTask::kPairs, options.system));
+        const PreferenceRow r = normalise_preference_row(row, where, PreferenceTask::kPairs, options.system, base_dir);
+        if (images != nullptr) {
+          for (const fs::path& image : r.images) images->add(image);
+        }
+        std::optional<PreferenceSample> pair = encoder.encode_pair(r);  // reads and preprocesses the row's images
         if (!pair) {
           skipped.add(kDropped);
           return;
@@ -580,15 +729,21 @@ PreferenceData prepare_preference_data(const DataOptions& options, const Prefere
         out.push_back(std::move(*pair));
       };
   auto prepared = data_detail::prepare_items(options, {fingerprint, encoder.fingerprint(), "pairs"}, encode,
-                                             pair_codec(), nullptr);
+                                             pair_codec(), images);
   return {std::move(prepared.train), std::move(prepared.validation), std::move(prepared.stats)};
 }
 
 KtoData prepare_kto_data(const DataOptions& options, const PreferenceEncoder& encoder, const std::string& fingerprint) {
-  const data_detail::RowEncoder<KtoSample> encode = [&](const Json& row, const std::string& where, const fs::path&,
-                                                        std::vector<KtoSample>& out, SkipCounts& skipped) {
-    for (std::optional<KtoSample>& example :
-         encoder.encode_kto(normalise_preference_row(row, where, PreferenceTask::kKto, options.system))) {
+  data_detail::ImageManifest manifest;
+  data_detail::ImageManifest* images = !options.cache_dir.empty() && encoder.options().images ? &manifest : nullptr;
+  const data_detail::RowEncoder<KtoSample> encode = [&](const Json& row, const std::string& where,
+                                                        const fs::path& base_dir, std::vector<KtoSample>& out,
+                                                        SkipCounts& skipped) {
+    const PreferenceRow r = normalise_preference_row(row, where, PreferenceTask::kKto, options.system, base_dir);
+    if (images != nullptr) {
+      for (const fs::path& image : r.images) images->add(image);
+    }
+    for (std::optional<KtoSample>& example : encoder.encode_kto(r)) {
       if (example) {
         out.push_back(std::move(*example));
       } else {
@@ -597,7 +752,7 @@ KtoData prepare_kto_data(const DataOptions& options, const PreferenceEncoder& en
     }
   };
   auto prepared =
-      data_detail::prepare_items(options, {fingerprint, encoder.fingerprint(), "kto"}, encode, kto_codec(), nullptr);
+      data_detail::prepare_items(options, {fingerprint, encoder.fingerprint(), "kto"}, encode, kto_codec(), images);
   return {std::move(prepared.train), std::move(prepared.validation), std::move(prepared.stats)};
 }
 

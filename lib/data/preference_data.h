@@ -25,9 +25,6 @@ enum class PreferenceTask { kPairs, kKto };
 /// listing the choices for any other name.
 PreferenceTask preference_task_for(const std::string& rlhf_type);
 
-/// The reason a row with images is refused ("images in preference rows are not supported yet").
-extern const char* const kPreferenceImagesReason;
-
 /// One preference row, normalised. A pair row has `rejected`; a KTO row has `desirable` instead.
 struct PreferenceRow {
   std::vector<ChatMessage> prompt;      // [system] user (assistant user)*: the conversation up to its last user turn
@@ -35,6 +32,9 @@ struct PreferenceRow {
   std::optional<std::string> rejected;  // pair rows: the dispreferred final answer to the same prompt
   std::optional<bool> desirable;        // KTO rows: the row's "label"
   std::optional<double> margin;         // reward modelling: the row's "margin", when it has one
+  /// The prompt's images, one per kImagePlaceholder of the prompt in order (answers hold none); relative paths in
+  /// the row are taken relative to the dataset file's folder.
+  std::vector<fs::path> images;
   std::string where;                    // "file:line" (JSONL) or "file[#index]" (JSON array)
 };
 
@@ -47,7 +47,9 @@ struct PreferenceRow {
 ///   prompt forms {"prompt"|"query": "...", "chosen"|"response"|"completion": ..., "rejected"|"rejected_response":
 ///                 ..., "history"?: [[q, a], ...]}, {"instruction", "input"?, "chosen"|"output", "rejected"}, and
 ///                TRL's conversational {"prompt": [messages], "chosen": [one assistant message], "rejected": [...]}
-/// Every form may carry "system" (a string), "margin" (a number: reward modelling) and, for KTO, "label". An answer
+/// Every form may carry "system" (a string), "margin" (a number: reward modelling), "images" (the prompt's images,
+/// as normalise_row reads them, or image parts in the prompt's messages; relative paths from `base_dir`) and, for
+/// KTO, "label". An answer
 /// given on its own ("chosen", "rejected", ...) is a string, a message ({"role": "assistant", "content"} or
 /// {"from": "gpt", "value"}) or a list holding one such message. The conversation before the chosen answer is
 /// checked as normalise_row checks it (roles alternate, starting with user), and the answers follow its last user
@@ -59,10 +61,12 @@ struct PreferenceRow {
 /// label nor a rejected answer is "KTO row without a boolean label"), "empty chosen answer", "empty rejected
 /// answer", "empty completion" (a KTO row's), "KTO row without a boolean label" (a "label" that is not true or
 /// false), "label and rejected answer both given" (kKto), "rejected_messages prompt differs" (naming the first
-/// message that differs), "bad margin" (not a finite number) and kPreferenceImagesReason (an "images" column that
-/// is not empty, or image content parts).
+/// message that differs), "rejected_messages images differ", "bad margin" (not a finite number in [-1e4, 1e4]),
+/// the image reasons of normalise_row, and "image in an assistant message" (a rejected answer holding
+/// kImagePlaceholder in a row with images).
 PreferenceRow normalise_preference_row(const Json& row, const std::string& where, PreferenceTask task,
-                                       const std::optional<std::string>& system_override = std::nullopt);
+                                       const std::optional<std::string>& system_override = std::nullopt,
+                                       const fs::path& base_dir = {});
 
 /// How long encoded preference examples may be. TRL 0.9.6's rule (DPOTrainer.tokenize_row, KTO's
 /// _process_tokens): when the prompt plus the longer answer exceed max_length, "delete" drops the pair (or the KTO
@@ -70,10 +74,14 @@ PreferenceRow normalise_preference_row(const Json& row, const std::string& where
 /// first max_prompt_length tokens, and if the prompt plus the longer answer still exceed max_length, cut every
 /// answer longer than max_length - max_prompt_length to its first max_length - max_prompt_length tokens (its
 /// end-of-turn marker may be cut off, as in TRL). Both answers of a pair always keep the same prompt tokens.
+/// Lengths count image tokens (each image's run); a prompt cut never keeps part of a run: the image is left out
+/// whole (keep_whole_image_runs), its pixels too.
 struct PreferenceEncodeOptions {
   int64_t max_length = 2048;         // prompt + one answer, in tokens
   int64_t max_prompt_length = 0;     // "left"/"right" only: in [1, max_length)
   TruncationStrategy truncation = TruncationStrategy::kDelete;
+  /// Set for a vision-language model (as EncodeOptions::images); unset, a row with images is refused.
+  std::optional<ImageEncoding> images;
 };
 
 /// Which tokens of a prompt and its answers cut_preference_lengths keeps.
@@ -106,7 +114,8 @@ Sample join_prompt_answer(const std::vector<int32_t>& prompt, const AnswerTokens
 /// outside [0, length].
 AnswerTokens answer_of(const Sample& sample, int64_t prompt_length);
 
-/// One encoded preference pair. chosen and rejected begin with the same `prompt_length` ids.
+/// One encoded preference pair. chosen and rejected begin with the same `prompt_length` ids, and hold the same
+/// images (the prompt's: the same tensors, decoded once).
 struct PreferenceSample {
   Sample chosen;               // [P + Lc] ids: prompt + chosen answer; labels on the answer only
   Sample rejected;             // [P + Lr] ids: the same prompt + rejected answer; labels on the answer only
@@ -135,6 +144,11 @@ struct KtoSample {
 /// (raw text) the prompt is the messages' contents joined by "\n" (a single user turn: its text) with BOS, and the
 /// answer is tokenised on its own followed by EOS, as TRL's tokenize_row lays them out. Rows with images are
 /// refused at normalisation.
+///
+/// Images (options.images set): the prompt's kImagePlaceholders take the family's markup, the answers are found
+/// after the prompt as for text (one image token per image), then each image token of the prompt is expanded to its
+/// image's run. The images are opened and counted from their headers first: a pair dropped by its length decodes
+/// none, and only the images whose runs the kept prompt holds are decoded, once for both answers.
 class PreferenceEncoder {
  public:
   /// `chat_template` null means raw text. Throws ConfigError when max_length < 2, or when truncation is "left" or
@@ -142,8 +156,8 @@ class PreferenceEncoder {
   PreferenceEncoder(std::shared_ptr<const TextTokenizer> tokenizer, std::shared_ptr<const ChatTemplate> chat_template,
                     PreferenceEncodeOptions options);
 
-  /// The prompt's ids (see the class comment). Throws BadRowError naming `where` when the chat template rejects
-  /// the messages ("rejected by the chat template").
+  /// The prompt's ids (see the class comment), one image token per kImagePlaceholder (unexpanded). Throws
+  /// BadRowError naming `where` when the chat template rejects the messages ("rejected by the chat template").
   std::vector<int32_t> encode_prompt(const std::vector<ChatMessage>& prompt, const std::string& where) const;
 
   /// One answer's ids after `prompt_ids` (which must be encode_prompt(prompt)), untruncated. Throws BadRowError
@@ -152,8 +166,9 @@ class PreferenceEncoder {
                              const std::string& answer, const std::string& where) const;
 
   /// The pair of a pair row, or nullopt when truncation "delete" drops it or an answer keeps no trained token.
-  /// Throws BadRowError naming row.where for a row without a rejected answer ("no rejected answer") and like
-  /// encode_answer.
+  /// Throws BadRowError naming row.where for a row without a rejected answer ("no rejected answer"), like
+  /// encode_answer, and for images as SampleEncoder::encode does ("images need a vision-language model", "image
+  /// count mismatch", "image in an assistant message", "media token in the text", "image unreadable").
   std::optional<PreferenceSample> encode_pair(const PreferenceRow& row) const;
 
   /// The KTO examples of a row, in order: a KTO row gives one (desirable = its label), a pair row two (its chosen
@@ -161,22 +176,53 @@ class PreferenceEncoder {
   /// example that truncation "delete" drops, or that keeps no trained token, is nullopt. Throws like encode_answer.
   std::vector<std::optional<KtoSample>> encode_kto(const PreferenceRow& row) const;
 
-  /// A stable text of everything here that decides the encoded samples (template name and length settings), for
-  /// cache keys. Does not throw.
+  /// A generation prompt (GRPO's): the ids encode_prompt gives with each image token expanded to its image's run,
+  /// and the images decoded (EncodedPrompt's layout). A prompt longer than `max_tokens` is nullopt, or with
+  /// `keep_end` keeps its last max_tokens tokens, the cut moved off image runs (an image it would split is left out
+  /// whole, its pixels too; nullopt when nothing is left). The images are counted from their headers first: a
+  /// prompt dropped for its length decodes none. Throws BadRowError naming `where` as encode_pair does.
+  std::optional<EncodedPrompt> encode_generation_prompt(const std::vector<ChatMessage>& prompt,
+                                                        const std::vector<fs::path>& images, const std::string& where,
+                                                        int64_t max_tokens, bool keep_end) const;
+
+  /// A stable text of everything here that decides the encoded samples (template name, length and image
+  /// settings), for cache keys. Does not throw.
   std::string fingerprint() const;
 
   const PreferenceEncodeOptions& options() const { return options_; }
 
  private:
-  SampleEncoder sft_;  // loss_scale last_round, no length limit: the SFT encoding of prompt + answer
+  /// A row's prompt: its ids with one image token per image (the answers are split off after these), the messages
+  /// as rendered (image markup in place), and with images the expanded ids, each image's run and its plan.
+  struct Prompt {
+    std::vector<ChatMessage> messages;
+    std::vector<int32_t> ids;       // one image token per image
+    std::vector<int32_t> expanded;  // each image token expanded to its image's run (= ids without images)
+    std::vector<TokenSpan> runs;    // in `expanded`, one per image
+    std::vector<PlannedImage> images;
+    std::vector<std::optional<vision::ProcessedImage>> decoded;  // per image, once decoded (shared by the answers)
+  };
+  Prompt prompt_of(const PreferenceRow& row) const;
+  /// The answer's ids after the prompt; refuses an answer holding an image or a typed media token.
+  AnswerTokens answer_of_row(const Prompt& prompt, const std::string& answer, const PreferenceRow& row) const;
+  /// The images whose runs lie in the kept prompt [cut.prompt_begin, cut.prompt_end), each decoded once per row,
+  /// into `sample` (pixel_values, image_grids, image_tokens; the other fields untouched).
+  void add_images(const PreferenceRow& row, Prompt& prompt, const PreferenceCut& cut, Sample& sample) const;
+
+  SampleEncoder sft_;  // loss_scale last_round, no length limit: the SFT encoding of prompt + answer (text only)
+  std::optional<SampleEncoder> media_;  // with the image settings: typed media tokens, image planning and decoding
   PreferenceEncodeOptions options_;
 };
 
 /// A batch of preference pairs as TRL's concatenated_forward runs it: one right-padded batch of 2B rows.
 struct PreferenceBatch {
   Batch batch;        // [2B, T]: rows 0..B-1 prompt + chosen of pairs 0..B-1, rows B..2B-1 prompt + rejected of the
-                      // same pairs; T is the longest of all 2B rows; labels only on the answers
+                      // same pairs; T is the longest of all 2B rows; labels only on the answers. pixel_values is
+                      // undefined (the images are `images`); image_grid_thw is [2N, 3], every row's grids
   at::Tensor margin;  // [B] float32, each pair's margin (0 when the row had none)
+  /// The pairs' prompt images once (batch_images of the chosen rows): their features serve the chosen rows and
+  /// then the rejected rows, which hold the same images in the same order. Empty without images.
+  ImageInputs images;
 };
 
 /// Collates `pairs` (B >= 1) into a PreferenceBatch, padding with `pad_id` (labels kIgnoreIndex, key_valid false).
@@ -189,7 +235,9 @@ PreferenceBatch collate_preference(const std::vector<const PreferenceSample*>& p
 /// is: with "left"/"right" by cut_preference_lengths' rule on the two parts; with "delete" (nothing may be dropped
 /// here) the completion keeps its first max_length - prompt ids (at least one). The parts are those kept for their
 /// own examples, so where truncation shortened them a row can differ from TRL's, which re-truncates the untruncated
-/// texts. Throws ConfigError when the block has fewer than 2 examples (TRL refuses a KL term for batch size 1).
+/// texts. A row holds the images of its prompt (example i's) that the cut keeps whole. Throws ConfigError when the
+/// block has fewer than 2 examples (TRL refuses a KL term for batch size 1), and when options.images is unset but an
+/// example has images.
 std::vector<Sample> kto_kl_samples(const std::vector<const KtoSample*>& block, const PreferenceEncodeOptions& options);
 
 /// A batch of KTO examples with its KL rows.

@@ -75,8 +75,13 @@ void freeze_base(CausalLM& model) {
 // Trainable copies of modules_to_save, so the base weights stay as loaded.
 void unfreeze_saved(CausalLM& model, const std::vector<std::string>& names) {
   at::NoGradGuard no_grad;
+  auto& originals = model->saved_module_originals;
   for (auto& [path, module] : saved_modules(model, names)) {
     for (auto& p : module->parameters(/*recurse=*/true)) {
+      const bool known = std::any_of(originals.begin(), originals.end(), [&](const auto& o) {
+        return o.first.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+      });
+      if (!known) originals.emplace_back(p, p.detach());  // the loaded value, for a forward without adapters
       p.set_data(p.detach().clone());
       p.requires_grad_(true);
     }
@@ -521,21 +526,33 @@ AdaptersDisabled::AdaptersDisabled(CausalLM& model) : model_(model) {
     fail<ConfigError>("the {} model has no LoRA adapter to switch off; a reference model without adapters must be a "
                       "separate model", model->config().model_type);
   }
-  // With adapters attached the base is frozen, so a trainable parameter is a modules_to_save copy.
+  // With adapters attached the base is frozen, so a trainable parameter is a modules_to_save copy: it runs with its
+  // original value, as peft's disable_adapter runs the original module. One without a kept original is refused.
+  const auto& originals = model->saved_module_originals;
   std::vector<std::string> trainable;
   for (const auto& p : model->named_parameters(/*recurse=*/true)) {
-    if (p.value().requires_grad()) trainable.push_back(p.key());
+    if (!p.value().requires_grad()) continue;
+    const bool kept = std::any_of(originals.begin(), originals.end(), [&](const auto& o) {
+      return o.first.unsafeGetTensorImpl() == p.value().unsafeGetTensorImpl();
+    });
+    if (!kept) trainable.push_back(p.key());
   }
   if (!trainable.empty()) {
     fail<ConfigError>("the adapters cannot be switched off for a reference forward: base parameters are trained "
-                      "(modules_to_save: {}) and their original values are not kept; use a separate reference model",
+                      "({}) and their original values are not kept; use a separate reference model",
                       list_names(trainable, 4));
   }
   for (auto& [linear, lora] : detached_) linear->lora.reset();
+  for (const auto& [param, original] : originals) {
+    at::Tensor trained = param;  // the same parameter: set_data swaps what it holds
+    swapped_.emplace_back(trained, param.detach());
+    trained.set_data(original);
+  }
 }
 
 AdaptersDisabled::~AdaptersDisabled() {
   for (auto& [linear, lora] : detached_) linear->lora = std::move(lora);
+  for (auto& [param, trained] : swapped_) param.set_data(trained);
 }
 
 void merge_lora(CausalLM& model) {

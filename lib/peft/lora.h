@@ -96,10 +96,13 @@ Json adapter_config_json(const LoraConfig& config);
 /// `disable_adapter()` and torchtune's `disable_adapter` give it. Nothing is copied: the adapters are detached from
 /// their layers and put back, unchanged, when the scope ends (also when an exception unwinds it).
 ///
-/// Refused (ConfigError): a model without adapters (its reference needs a model of its own), and a model with
-/// trainable base parameters, i.e. modules_to_save copies. peft's disable_adapter runs the original module in place
-/// of a modules_to_save copy, but the original weights are not kept once the trainable copy is made, so the base
-/// output cannot be computed.
+/// modules_to_save copies (trained in full beside the adapters) hold their original values while the scope lives
+/// (CausalLMImpl::saved_module_originals), as peft's disable_adapter runs the original module; their trained values
+/// come back when it ends. Reference forwards run before the policy's forward of a step, so no graph of the step
+/// holds a swapped tensor.
+///
+/// Refused (ConfigError): a model without adapters (its reference needs a model of its own), and a model with a
+/// trainable base parameter whose original value was not kept.
 ///
 /// While the scope lives: adapter_tensors() sees no adapters, adapters must not be attached, loaded or merged,
 /// and no other thread may run the model. A graph recorded inside the scope keeps what it used, but a
@@ -116,6 +119,7 @@ class AdaptersDisabled {
 
  private:
   std::vector<std::pair<nn::LinearImpl*, std::shared_ptr<nn::LoraWeights>>> detached_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> swapped_;  // (parameter, its trained value) while the original runs
   CausalLM model_;  // keeps the layers alive until they are restored
 };
 

@@ -230,10 +230,12 @@ GrpoLossResult grpo_loss(const GrpoOptions& o, const GrpoLossInputs& in) {
 
 CompletionBatch collate_completions(const std::vector<const std::vector<int64_t>*>& prompts,
                                     const std::vector<const std::vector<int64_t>*>& completions,
-                                    const std::vector<int64_t>& counted, int64_t pad_id) {
-  if (prompts.size() != completions.size() || prompts.size() != counted.size()) {
-    fail<ConfigError>("collate_completions: {} prompts, {} completions, {} counts", prompts.size(), completions.size(),
-                      counted.size());
+                                    const std::vector<int64_t>& counted, int64_t pad_id,
+                                    const std::vector<const ImageInputs*>& images) {
+  if (prompts.size() != completions.size() || prompts.size() != counted.size() ||
+      (!images.empty() && images.size() != prompts.size())) {
+    fail<ConfigError>("collate_completions: {} prompts, {} completions, {} counts, {} image sets", prompts.size(),
+                      completions.size(), counted.size(), images.size());
   }
   const auto rows = static_cast<int64_t>(prompts.size());
   int64_t C = 0, T = 1;
@@ -273,6 +275,17 @@ CompletionBatch collate_completions(const std::vector<const std::vector<int64_t>
     for (int64_t t = 0; t < P + L; ++t) valid[r][t] = true;
     b.tokens += P + L;
   }
+  std::vector<at::Tensor> pixels, grids;  // the rows' images in row order
+  for (const ImageInputs* i : images) {
+    if (i == nullptr || i->empty()) continue;
+    pixels.push_back(i->pixel_values);
+    if (i->image_grid_thw.defined()) grids.push_back(i->image_grid_thw);
+  }
+  if (!grids.empty() && grids.size() != pixels.size()) {
+    fail<ConfigError>("collate_completions: fixed-size and variable-size images in one batch");
+  }
+  if (!pixels.empty()) b.images.pixel_values = at::cat(pixels);  // [N, C, H, W] | [sum of patches, C T P P]
+  if (!grids.empty()) b.images.image_grid_thw = at::cat(grids);  // [N, 3]
   return b;
 }
 
@@ -280,6 +293,8 @@ CompletionLogps completion_logps(CausalLM& model, const CompletionBatch& b, doub
   const at::Device device = model->device();
   ForwardOptions fo;
   fo.key_valid = b.key_valid.to(device);
+  if (!b.images.empty()) fo.pixel_values = b.images.pixel_values.to(device);
+  fo.image_grid_thw = b.images.image_grid_thw;  // [N, 3] with variable-size images (M-RoPE positions too)
   const at::Tensor hidden = model->hidden_states(b.input_ids.to(device), fo);  // [R, T, D]
   const HeadLogps head = head_logps(model, hidden, b.targets, false, temperature, entropy);
   const at::Tensor index = b.index.to(device);  // [R, C]
@@ -299,45 +314,44 @@ namespace {
   throw BadRowError(where, reason, detail);
 }
 
-std::vector<ChatMessage> messages_of(const Json& list, const std::string& where) {
+// The messages of a prompt list; image content parts become kImagePlaceholder with their paths in `image_parts`.
+std::vector<ChatMessage> messages_of(const Json& list, const std::string& where, std::vector<std::string>& image_parts) {
   if (!list.is_array() || list.empty()) bad_row(where, "no prompt", "an empty or non-list conversation");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& m = list[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string()) {
-      bad_row(where, "bad message", fmt::format("message {} needs string 'role' and 'content'", i));
+        !(m["content"].is_string() || m["content"].is_array())) {
+      bad_row(where, "bad message", fmt::format("message {} needs a string 'role' and a string or list 'content'", i));
     }
     const std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant") {
       bad_row(where, "bad message", fmt::format("message {} has role '{}' (system, user or assistant)", i, role));
     }
     if (role == "system" && i != 0) bad_row(where, "bad message", fmt::format("message {}: system comes first", i));
-    out.push_back({role, m["content"].get<std::string>(), std::nullopt});
+    out.push_back({role, message_content_text(m["content"], where, image_parts), std::nullopt});
   }
   return out;
 }
 
 }  // namespace
 
-GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where) {
+GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where, const fs::path& base_dir) {
   if (!row.is_object()) bad_row(where, "unknown format", "a row must be a JSON object");
   refuse_unsupported_columns(row, where);
   GrpoPrompt p;
   p.where = where;
   std::vector<std::string> consumed;
   const auto has_text = [&](const char* key) { return row.contains(key) && row[key].is_string(); };
-  if (row.contains("images") && !(row["images"].is_null() || (row["images"].is_array() && row["images"].empty()))) {
-    bad_row(where, "images in GRPO rows are not supported yet");
-  }
+  std::vector<std::string> image_parts;
   if (row.contains("messages")) {
-    p.messages = messages_of(row["messages"], where);
+    p.messages = messages_of(row["messages"], where, image_parts);
     consumed = {"messages"};
   } else if (row.contains("prompt")) {
     if (row["prompt"].is_string()) {
       p.messages = {{"user", row["prompt"].get<std::string>(), std::nullopt}};
     } else {
-      p.messages = messages_of(row["prompt"], where);
+      p.messages = messages_of(row["prompt"], where, image_parts);
     }
     consumed = {"prompt"};
   } else if (has_text("query")) {
@@ -357,8 +371,13 @@ GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where) {
     p.messages.insert(p.messages.begin(), {"system", row["system"].get<std::string>(), std::nullopt});
     consumed.push_back("system");
   }
+  p.images = prompt_images(row, p.messages, image_parts, where, base_dir);
   for (const auto& [key, value] : row.items()) {
     if (std::find(consumed.begin(), consumed.end(), key) == consumed.end() && key != "images") p.fields[key] = value;
+  }
+  if (!p.images.empty()) {  // the reward functions see the files the model saw
+    p.fields["images"] = Json::array();
+    for (const fs::path& image : p.images) p.fields["images"].push_back(image.string());
   }
   if (row.contains("question") && has_text("answer") && !p.fields.contains("solution")) p.fields["solution"] = row["answer"];
   return p;
@@ -380,7 +399,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 // A prompt ready to roll out.
 struct PromptItem {
   GrpoPrompt prompt;
-  std::vector<int64_t> ids;
+  std::vector<int64_t> ids;  // image-token runs expanded
+  ImageInputs images;        // the prompt's images as one forward takes them; empty without images
   Json messages = Json::array();
   std::string last_user;
 };
@@ -416,6 +436,8 @@ class GrpoTask : public TrainingTask {
     for (int id : job.tokenizer->specials().eos) eos_ids_.push_back(id);
     PreferenceEncodeOptions encode;
     encode.max_length = std::max<int64_t>(2, c.max_length);
+    // Vision-language model: prompts with images as SFT takes them (the processor preprocessor_config.json chose).
+    if (job.model->config().multimodal) encode.images = job.assets.images;
     encoder_ = std::make_unique<PreferenceEncoder>(job.tokenizer, chat_template_, encode);
     prompt_limit_ = c.max_prompt_length > 0 ? c.max_prompt_length : c.max_length;
     train_ = load_prompts(c.dataset);
@@ -535,30 +557,31 @@ class GrpoTask : public TrainingTask {
     const bool left = job_.config.truncation_strategy == "left";
     for (const auto& spec : specs) {
       const DatasetSource source = parse_dataset_source(spec);
+      const fs::path base_dir = source.path.parent_path();  // relative image paths start there
       for_each_row(source, [&](Json&& row, const std::string& where) {
         ++rows_;
         PromptItem item;
         try {
-          item.prompt = normalise_grpo_row(row, where);
+          item.prompt = normalise_grpo_row(row, where, base_dir);
           std::vector<ChatMessage> messages = item.prompt.messages;
           if (!job_.config.system.empty()) {
             if (messages.front().role == "system") messages.erase(messages.begin());
             messages.insert(messages.begin(), {"system", job_.config.system, std::nullopt});
             item.prompt.messages = messages;
           }
-          const std::vector<int32_t> ids = encoder_->encode_prompt(messages, where);
-          item.ids.assign(ids.begin(), ids.end());
+          // Too long: dropped, or its last tokens kept (truncation left), never part of an image's run.
+          std::optional<EncodedPrompt> encoded =
+              encoder_->encode_generation_prompt(messages, item.prompt.images, where, prompt_limit_, left);
+          if (!encoded) {
+            skipped_.add("longer than max_length");
+            return;
+          }
+          item.ids.assign(encoded->ids.begin(), encoded->ids.end());
+          item.images = encoded->batched_images();
         } catch (const BadRowError& e) {
           if (strict) throw;
           skipped_.add(e.reason());
           return;
-        }
-        if (static_cast<int64_t>(item.ids.size()) > prompt_limit_) {
-          if (!left) {
-            skipped_.add("longer than max_length");
-            return;
-          }
-          item.ids.erase(item.ids.begin(), item.ids.end() - prompt_limit_);  // keep the end (truncation left)
         }
         for (const auto& m : item.prompt.messages) {
           item.messages.push_back({{"role", m.role}, {"content", m.content}});
@@ -593,9 +616,15 @@ class GrpoTask : public TrainingTask {
       std::vector<uint64_t> ids;
       const uint64_t base = mix64(static_cast<uint64_t>(job_.config.seed) ^ mix64(static_cast<uint64_t>(generation + 2)));
       for (size_t item : items) {
+        // The G completions of a prompt share one pixel tensor, so the engine encodes its images once; a fresh
+        // alias each rollout, so features of an earlier policy are never reused.
+        const ImageInputs& images = prompts[item].images;
+        const at::Tensor pixels = images.empty() ? at::Tensor() : images.pixel_values.alias();
         for (int64_t g = 0; g < G; ++g) {
           SequenceRequest request;
           request.prompt = prompts[item].ids;
+          request.pixel_values = pixels;
+          request.image_grid_thw = images.image_grid_thw;
           request.config.max_new_tokens = options_.max_completion_length;
           request.config.eos_ids = eos_ids_;
           SamplingParams& s = request.config.sampling;
@@ -756,14 +785,16 @@ class GrpoTask : public TrainingTask {
 
   CompletionBatch collate(const std::vector<PromptItem>& prompts, const Rollout& ro, int64_t first, int64_t rows) const {
     std::vector<const std::vector<int64_t>*> p, c;
+    std::vector<const ImageInputs*> images;
     std::vector<int64_t> counted;
     for (int64_t r = 0; r < rows; ++r) {
       const auto i = static_cast<size_t>(first + r);
       p.push_back(&prompts[ro.prompt[i]].ids);
+      images.push_back(&prompts[ro.prompt[i]].images);
       c.push_back(&ro.tokens[i]);
       counted.push_back(ro.counted[i]);
     }
-    return collate_completions(p, c, counted, pad_id_);
+    return collate_completions(p, c, counted, pad_id_, images);
   }
 
 

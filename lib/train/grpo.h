@@ -108,13 +108,16 @@ struct CompletionBatch {
   at::Tensor index;      // [R, C] int64: the position predicting completion token c (0 where c is not counted)
   at::Tensor mask;       // [R, C] float32: 1 for counted tokens; C = the longest count
   int64_t tokens = 0;    // real (non-padding) tokens
+  ImageInputs images;    // the rows' prompt images in row order (a prompt's G rows each hold them); empty without
 };
 
-/// Rows of `prompts[r]` + the first `counted[r]` tokens of `completions[r]`, padded with `pad_id`. Throws
-/// ConfigError when the sizes differ or a count exceeds its completion.
+/// Rows of `prompts[r]` + the first `counted[r]` tokens of `completions[r]`, padded with `pad_id`, with the images
+/// of each row's prompt (`images[r]`, may be empty or null; none when `images` is empty) in row order. Throws
+/// ConfigError when the sizes differ, a count exceeds its completion, or fixed-size and variable-size images meet.
 CompletionBatch collate_completions(const std::vector<const std::vector<int64_t>*>& prompts,
                                     const std::vector<const std::vector<int64_t>*>& completions,
-                                    const std::vector<int64_t>& counted, int64_t pad_id);
+                                    const std::vector<int64_t>& counted, int64_t pad_id,
+                                    const std::vector<const ImageInputs*>& images = {});
 
 /// Per-token log-probs [R, C] float32 of a batch's completion tokens under `model` at `temperature` (TRL's
 /// logits / temperature, log-softmax, gathered), with autograd as the caller has it; with `entropy`, also the
@@ -128,16 +131,21 @@ CompletionLogps completion_logps(CausalLM& model, const CompletionBatch& batch, 
 /// One prompt of GRPO data: the conversation to complete and the row's other columns for the reward functions.
 struct GrpoPrompt {
   std::vector<ChatMessage> messages;  // [system] user (assistant user)*
-  Json fields = Json::object();       // every other column of the row (GSM8K's "answer" also as "solution")
+  /// The prompt's images, one per kImagePlaceholder of the messages in order (relative paths from the dataset
+  /// file's folder).
+  std::vector<fs::path> images;
+  Json fields = Json::object();       // every other column of the row (GSM8K's "answer" also as "solution"; with
+                                      // images, "images": the resolved paths)
   std::string where;                  // "file:line"
 };
 
 /// Recognises one GRPO row: {"messages": [...]} (a final assistant turn is dropped; the rest must end with a user
 /// turn), {"prompt": "..." | [messages]}, {"query": "..."} (ms-swift; "response" is dropped), or GSM8K's
 /// {"question", "answer"} (the answer also becomes "solution" unless the row has one); "system" adds a system
-/// turn. Throws BadRowError naming `where` ("no prompt", "prompt must end with a user turn", "bad message",
-/// "images in GRPO rows are not supported yet").
-GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where);
+/// turn. Images come as SFT rows give them: an "images" column with kImagePlaceholders in the messages, or image
+/// content parts (relative paths resolved against `base_dir`). Throws BadRowError naming `where` ("no prompt",
+/// "prompt must end with a user turn", "bad message", and the image reasons of normalise_row).
+GrpoPrompt normalise_grpo_row(const Json& row, const std::string& where, const fs::path& base_dir = {});
 
 /// GRPO: run_job with the rollout task. Throws ConfigError as grpo_options, and the errors of run_job, the data,
 /// the engine and the reward functions.

@@ -55,11 +55,6 @@ PreferenceOptions preference_options(const TrainConfig& c) {
   if (c.precompute_ref_log_probs && !reference) {
     fail<ConfigError>("'precompute_ref_log_probs' does not apply to {}: it uses no reference model", method);
   }
-  if (reference && c.train_type == "lora" && !c.modules_to_save.empty() && !c.precompute_ref_log_probs) {
-    fail<ConfigError>("'modules_to_save' ({}) with {} and LoRA: the reference forward switches the adapters off, but "
-                      "fully trained modules keep no copy of their base values; drop modules_to_save or set "
-                      "precompute_ref_log_probs: true", fmt::join(c.modules_to_save, ", "), method);
-  }
   if (effective_batching(c) != "padding") {
     fail<ConfigError>("'batching' {}: preference training runs padded batches of chosen and rejected answers (TRL's "
                       "concatenated forward); use batching: padding", effective_batching(c));
@@ -160,10 +155,18 @@ const std::vector<std::string>& metric_names() {
   return names;
 }
 
-ForwardOptions forward_options(const Batch& b, const at::Device& device) {
+// The forward options of a padded batch: its positions, padding and images (`image_features` when given, else
+// the batch's own pixel_values).
+ForwardOptions forward_options(const Batch& b, const at::Device& device, const at::Tensor& image_features = {}) {
   ForwardOptions o;
   if (b.position_ids.defined()) o.position_ids = b.position_ids.to(device);
   if (b.key_valid.defined()) o.key_valid = b.key_valid.to(device);
+  if (image_features.defined()) {
+    o.image_features = image_features;
+  } else if (b.pixel_values.defined()) {
+    o.pixel_values = b.pixel_values.to(device);
+  }
+  o.image_grid_thw = b.image_grid_thw;  // [N, 3] with variable-size images (M-RoPE positions too)
   return o;
 }
 
@@ -232,24 +235,38 @@ PreferenceEncodeOptions encode_options(const TrainConfig& c) {
 // Rows [start, start + n) of a [R] tensor.
 at::Tensor rows(const at::Tensor& t, int64_t start, int64_t n) { return t.narrow(0, start, n); }
 
-// Label log-probabilities of `batch` under `m` (no autocast change, autograd as the caller has it).
-SequenceLogps batch_logps(CausalLM& m, const Batch& batch) {
+// Label log-probabilities of `batch` under `m` (no autocast change, autograd as the caller has it), its images
+// from `shared` when that holds any.
+SequenceLogps batch_logps(CausalLM& m, const Batch& batch, const SharedImages& shared = {}) {
   const at::Device device = m->device();
-  const at::Tensor hidden = m->hidden_states(batch.input_ids.to(device), forward_options(batch, device));
+  const at::Tensor features = shared_image_features(m, shared);
+  const at::Tensor hidden = m->hidden_states(batch.input_ids.to(device), forward_options(batch, device, features));
   const at::Tensor labels = batch.labels.to(device);
   return masked_logps(head_logps(m, hidden, labels, false).token_logps, labels);
 }
 
 }  // namespace
 
-SequenceLogps reference_logps(CausalLM& policy, CausalLM reference, const Batch& batch, bool autocast) {
+at::Tensor shared_image_features(CausalLM& model, const SharedImages& shared) {
+  if (shared.images.empty()) return {};
+  if (!model->vision()) fail<ConfigError>("images given to the {} model, which takes text only", model->config().model_type);
+  if (shared.copies < 1) fail<ConfigError>("shared images repeated {} times", shared.copies);
+  const at::Tensor features = model->vision()->encode(shared.images.pixel_values.to(model->device()),
+                                                      shared.images.image_grid_thw);  // [N, F, D] | [M, D]
+  if (shared.copies == 1) return features;
+  return at::cat(std::vector<at::Tensor>(static_cast<size_t>(shared.copies), features));  // [copies N, ...]
+}
+
+SequenceLogps reference_logps(CausalLM& policy, CausalLM reference, const Batch& batch, bool autocast,
+                              const SharedImages& shared) {
   at::NoGradGuard no_grad;
   AutocastScope scope(autocast, policy->device());
-  if (reference) return batch_logps(reference, batch);
-  // The policy's own base: adapters switched off, dropout off (as TRL runs the reference), mode restored.
+  if (reference) return batch_logps(reference, batch, shared);
+  // The policy's own base: adapters switched off (modules_to_save at their original values), dropout off (as TRL
+  // runs the reference), mode restored. The images go through the base's own tower and aligner.
   EvalScope eval_mode(policy);
   AdaptersDisabled off(policy);
-  return batch_logps(policy, batch);
+  return batch_logps(policy, batch, shared);
 }
 
 PreferenceResult pair_objective(const PreferenceOptions& options, CausalLM& policy, const PreferenceBatch& pb,
@@ -258,9 +275,18 @@ PreferenceResult pair_objective(const PreferenceOptions& options, CausalLM& poli
   const Batch& batch = pb.batch;  // [2B, T]: chosen rows, then rejected rows
   const int64_t B = batch.input_ids.size(0) / 2;
   const at::Device device = policy->device();
+  const SharedImages images{pb.images, 2};  // each prompt's images encoded once for its chosen and rejected rows
+  // The reference first: with LoRA it swaps modules_to_save to their original values, so no tensor the policy's
+  // graph holds changes under it.
+  SequenceLogps ref;
+  if (needs.reference) {
+    ref = reference.sum.defined() ? reference : reference_logps(policy, reference_model, batch, autocast, images);
+  }
   AutocastScope scope(autocast, device);
   const at::Tensor labels = batch.labels.to(device);  // [2B, T]
-  const at::Tensor hidden = policy->hidden_states(batch.input_ids.to(device), forward_options(batch, device));
+  const at::Tensor features = shared_image_features(policy, images);
+  const at::Tensor hidden =
+      policy->hidden_states(batch.input_ids.to(device), forward_options(batch, device, features));
   if (options.rlhf_type == RlhfType::kRm) {
     const at::Tensor scores = reward_scores(policy, hidden, batch.key_valid);  // [2B]
     const bool has_margin = pb.margin.defined() && pb.margin.abs().sum().item<double>() > 0;
@@ -298,8 +324,6 @@ PreferenceResult pair_objective(const PreferenceOptions& options, CausalLM& poli
     if (t[3] > 0) in.rejected_logits_mean = t[1] / (t[3] * vocab);
   }
   if (needs.reference) {
-    const SequenceLogps ref = reference.sum.defined() ? reference
-                                                      : reference_logps(policy, reference_model, batch, autocast);
     const SequenceLogps rc = ref.rows(0, B), rr = ref.rows(B, B);
     in.reference_chosen_logps = needs.average_logps ? rc.average() : rc.sum;
     in.reference_rejected_logps = needs.average_logps ? rr.average() : rr.sum;
@@ -328,6 +352,10 @@ class PreferenceTaskBase : public TrainingTask {
       reference_ = load_reference_model(c, job.device);
     }
     encoder_options_ = encode_options(c);
+    if (job.model->config().multimodal) {
+      // Vision-language model: the prompts' images as SFT takes them (the processor preprocessor_config.json chose).
+      encoder_options_.images = job.assets.images;
+    }
     chat_template_ = chat_template_for(*job.tokenizer, c.chat_template);
     pad_id_ = job.tokenizer->specials().pad.value_or(0);
   }
@@ -508,7 +536,7 @@ class PairTask : public PreferenceTaskBase {
       std::vector<const PreferenceSample*> group;
       for (size_t j = i; j < std::min(pairs.size(), i + bs); ++j) group.push_back(&pairs[j]);
       const PreferenceBatch pb = collate_preference(group, pad_id_);
-      const SequenceLogps l = reference_logps(trainer.model(), ref, pb.batch, trainer.autocast());
+      const SequenceLogps l = reference_logps(trainer.model(), ref, pb.batch, trainer.autocast(), {pb.images, 2});
       const auto B = static_cast<int64_t>(group.size());
       const at::Tensor s = out.sum.narrow(0, static_cast<int64_t>(i), B), n = out.count.narrow(0, static_cast<int64_t>(i), B);
       s.select(1, 0).copy_(rows(l.sum, 0, B).cpu());
@@ -631,13 +659,7 @@ class KtoTask : public PreferenceTaskBase {
     }
     CausalLM& model = trainer.model();
     const at::Device device = model->device();
-    AutocastScope autocast(trainer.autocast(), device);
-    const at::Tensor policy = batch_logps(model, kb.completions).sum;  // [B]
-    at::Tensor policy_kl;
-    {
-      at::NoGradGuard no_grad;  // TRL runs the KL batch through the policy without gradients
-      policy_kl = batch_logps(model, kb.kl).sum;
-    }
+    // The reference first: with LoRA it swaps modules_to_save to their original values (see pair_objective).
     at::Tensor ref, ref_kl;
     const at::Tensor& pre = train ? pre_train_ : pre_val_;
     if (pre.defined()) {
@@ -647,6 +669,13 @@ class KtoTask : public PreferenceTaskBase {
     } else {
       ref = reference_logps(model, reference_, kb.completions, trainer.autocast()).sum;
       ref_kl = reference_logps(model, reference_, kb.kl, trainer.autocast()).sum;
+    }
+    AutocastScope autocast(trainer.autocast(), device);
+    const at::Tensor policy = batch_logps(model, kb.completions).sum;  // [B]
+    at::Tensor policy_kl;
+    {
+      at::NoGradGuard no_grad;  // TRL runs the KL batch through the policy without gradients
+      policy_kl = batch_logps(model, kb.kl).sum;
     }
     const at::Tensor desirable = kb.desirable.to(device);
     const at::Tensor d = desirable.nonzero().squeeze(1), u = desirable.logical_not().nonzero().squeeze(1);

@@ -73,15 +73,31 @@ class EvalScope {
 /// without gradients. Throws the loader's errors.
 CausalLM load_reference_model(const TrainConfig& config, const at::Device& device);
 
+/// Images that several groups of a batch's rows share: each image once, its features repeated `copies` times in
+/// row order (a preference batch: 2, its chosen rows then its rejected rows, which hold the same prompts' images).
+struct SharedImages {
+  ImageInputs images;
+  int64_t copies = 1;
+};
+
+/// The features of `shared` under `model`'s vision encoder ([copies N, F, D] or [copies M, D]): the tower runs once
+/// for all copies. Undefined when there are no images. Throws ConfigError for a text model given images.
+at::Tensor shared_image_features(CausalLM& model, const SharedImages& shared);
+
 /// Reference log-probabilities of `batch`'s labels ([R] sums and counts), without autograd: under `reference` when
-/// it is not null, else under `policy` with its LoRA adapters switched off and dropout off (AdaptersDisabled; the
-/// policy's mode is restored). Throws ConfigError as AdaptersDisabled does.
-SequenceLogps reference_logps(CausalLM& policy, CausalLM reference, const Batch& batch, bool autocast);
+/// it is not null, else under `policy` with its LoRA adapters switched off, its modules_to_save at their original
+/// values and dropout off (AdaptersDisabled; the policy's mode is restored). The batch's image positions take
+/// `shared`'s features when it holds images (encoded by the reference's own tower and aligner), else
+/// batch.pixel_values. Throws ConfigError as AdaptersDisabled does.
+SequenceLogps reference_logps(CausalLM& policy, CausalLM reference, const Batch& batch, bool autocast,
+                              const SharedImages& shared = {});
 
 /// One micro-batch of pairs (collate_preference: [2B] rows, chosen then rejected) through the objective of
-/// `options` as TRL computes it: one concatenated policy forward (the head only at answer positions, and for ORPO
-/// at the chosen rows' prompt positions), the reference log-probabilities (`reference` when its sum is defined,
-/// precomputed; else reference_logps with `reference_model`) where the method uses them, then preference_loss;
+/// `options` as TRL computes it: the reference log-probabilities first where the method uses them, then one
+/// concatenated policy forward (each prompt's images encoded once for both of its rows; the head only at answer
+/// positions, and for ORPO at the chosen rows' prompt positions), then preference_loss. The reference is
+/// `reference` when its sum is defined (precomputed), else reference_logps with `reference_model` and the batch's
+/// shared images;
 /// for rm the reward head's scores and reward_model_loss with the pairs' margins. logits/chosen and
 /// logits/rejected are the mean logit over the answers' predicting positions (TRL 0.9.6 averages the padded batch
 /// whole, padding included). bf16 autocast when `autocast`.

@@ -232,6 +232,9 @@ class CausalLMImpl : public torch::nn::Module {
 
   DecoderBody model{nullptr};
   nn::Linear lm_head{nullptr};  // null when tied
+  /// LoRA's modules_to_save: each parameter trained in full beside the adapters, with its value as loaded (PEFT's
+  /// original_module), which a forward with the adapters switched off runs. Set by the adapter code; empty otherwise.
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_module_originals;  // (trainable parameter, original value)
 
  private:
   // M-RoPE positions [3, B, T] of a forward whose default or given positions are [B, T]: computed from the ids

@@ -493,9 +493,22 @@ TEST(GrpoData, PromptRowsInEveryForm) {
   expect_error<BadRowError>([] {
     normalise_grpo_row(Json::parse(R"({"messages": [{"role": "user", "content": 3}]})"), "f:7");
   }, {"f:7", "bad message"});
+  // Images as SFT rows give them: a column with placeholders, or content parts; the reward functions see the files.
+  p = normalise_grpo_row(Json::parse(R"({"prompt": "<image>What colour?", "images": ["img/a.png"], "target": "red"})"),
+                         "f:9", "/data");
+  EXPECT_EQ(p.images, std::vector<fs::path>{"/data/img/a.png"});
+  EXPECT_EQ(p.fields["images"], Json::array({"/data/img/a.png"}));
+  EXPECT_EQ(p.fields["target"], "red");
+  p = normalise_grpo_row(Json::parse(R"({"messages": [{"role": "user", "content": [{"type": "image", "image": "/abs/b.jpg"},
+      {"type": "text", "text": "Shape?"}]}]})"), "f:10", "/data");
+  EXPECT_EQ(p.images, std::vector<fs::path>{"/abs/b.jpg"});
+  EXPECT_EQ(p.messages[0].content, "<image>Shape?");
   expect_error<BadRowError>([] {
     normalise_grpo_row(Json::parse(R"({"prompt": "x", "images": ["a.png"]})"), "f:8");
-  }, {"f:8", "images"});
+  }, {"f:8", "image count mismatch"});
+  expect_error<BadRowError>([] {
+    normalise_grpo_row(Json::parse(R"({"prompt": "<image>x", "images": 5})"), "f:11");
+  }, {"f:11", "bad images"});
 }
 
 }  // namespace

@@ -300,7 +300,9 @@ TEST(PreferenceAdapters, RefusesModelsWithoutAdaptersAndTrainedBaseModules) {
     AdaptersDisabled off(policy.model);
     expect_error<ConfigError>([&] { AdaptersDisabled again(policy.model); }, {"no LoRA adapter"});
   }
-  // modules_to_save copies: the original weights are gone, so the base output cannot be computed.
+  // modules_to_save copies run with their original values inside the scope (peft's original_module), their trained
+  // values come back after it.
+  CausalLM loaded = load_causal_lm(stories_dir());
   CausalLM saved = load_causal_lm(stories_dir());
   LoraConfig config;
   config.target_modules = {"q_proj"};
@@ -308,8 +310,19 @@ TEST(PreferenceAdapters, RefusesModelsWithoutAdaptersAndTrainedBaseModules) {
   inject_lora(saved, config, 1);
   const at::Tensor ids = at::randint(3, 512, {1, 8}, at::kLong);
   at::NoGradGuard no_grad;
+  at::Tensor norm = saved->named_parameters()["model.norm.weight"];
+  norm.add_(0.5);  // trained away from its loaded value
   const at::Tensor before = saved->forward(ids);
-  expect_error<ConfigError>([&] { AdaptersDisabled off(saved); }, {"model.norm.weight", "separate reference model"});
+  ASSERT_FALSE(at::allclose(before, loaded->forward(ids), 0, 1e-3));
+  {
+    AdaptersDisabled off(saved);
+    EXPECT_TRUE(at::equal(saved->forward(ids), loaded->forward(ids)));
+  }
+  EXPECT_TRUE(at::equal(saved->forward(ids), before));
+  EXPECT_TRUE(norm.requires_grad());
+  // A trainable base parameter whose original was not kept is refused, and the refused scope changes nothing.
+  saved->named_parameters()["model.layers.0.input_layernorm.weight"].requires_grad_(true);
+  expect_error<ConfigError>([&] { AdaptersDisabled off(saved); }, {"model.layers.0", "separate reference model"});
   EXPECT_TRUE(at::equal(saved->forward(ids), before)) << "a refused scope changes nothing";
 }
 

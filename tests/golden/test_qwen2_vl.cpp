@@ -1,7 +1,7 @@
 // Golden tests: Qwen2-VL (transformers 4.46) and Qwen2.5-VL (4.49) on their tiny reference checkpoints
 // (../shared/assets/reference/qwen2_vl, qwen2_5_vl): the vision tower and merger, M-RoPE position ids, logits of one
 // image, two images of different sizes, a padded batch with different image counts per row, the loss case, and
-// greedy generation with the KV cache.
+// greedy generation with the KV cache; and DPO with images against its formula on each sequence's own forward.
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
 
@@ -14,11 +14,14 @@
 #include "tokenizer/tokenizer.h"
 #include "data/dataset.h"
 #include "data/encode.h"
+#include "data/preference_data.h"
 #include "peft/lora.h"
 #include "core/memory.h"
 #include "nn/attention.h"
 #include "template/template.h"
 #include "train/trainer.h"
+#include "train/rlhf.h"
+#include "train/grpo.h"
 #include "tests/adapter_util.h"
 #include "tests/tensor_util.h"
 
@@ -647,6 +650,169 @@ TEST_P(GoldenQwen2VL, FullTrainingFreezesTheTowerMergerOrLanguageModelByName) {
     const bool merger = p.key().rfind("visual.merger.", 0) == 0;
     EXPECT_EQ(p.value().requires_grad(), merger) << p.key();
   }
+}
+
+// The label log-probability sum of one sample under `model`: its own forward, its own images.
+double sample_logp(CausalLM& model, const Sample& s) {
+  at::NoGradGuard no_grad;
+  const ImageInputs images = batch_images({&s});
+  ForwardOptions o;
+  o.pixel_values = images.pixel_values.to(test::test_device());
+  o.image_grid_thw = images.image_grid_thw;
+  const at::Tensor ids = at::tensor(std::vector<int64_t>(s.input_ids.begin(), s.input_ids.end()), at::kLong).view({1, -1});
+  const at::Tensor logp = at::log_softmax(model->forward(ids.to(test::test_device()), o).to(at::kDouble), -1)[0];
+  double sum = 0;
+  for (size_t t = 0; t < s.labels.size(); ++t) {
+    if (s.labels[t] != kIgnoreIndex) sum += logp[static_cast<int64_t>(t)][s.labels[t]].item<double>();
+  }
+  return sum;
+}
+
+// DPO on image pairs through pair_objective (the code `swiftcpp rlhf` runs: one padded 2B-row forward, each prompt's
+// images encoded once for both rows, the reference as the LoRA policy with its adapters off and the merger, trained
+// in full, at its loaded value) equals the sigmoid loss computed from each sequence's own forward: the policy's, and
+// a freshly loaded base model's for the reference. The policy's trained merger comes back after the reference.
+TEST_P(GoldenQwen2VL, DpoWithImagesEqualsItsFormulaOnEachSequencesOwnForward) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / v.model / "config.json");
+  SWIFTCPP_REQUIRE_SHARED(assets() / "images" / "rocket.jpg");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  TrainConfig c;
+  c.model = model_dir.string();
+  c.dataset = {"unused"};
+  c.seed = 3;
+  Trainer trainer(c, load_causal_lm(model_dir, {test::test_device(), at::kFloat}));
+  CausalLM& policy = trainer.model();
+  {  // adapters and merger moved away from the base, so policy and reference differ in both
+    at::NoGradGuard no_grad;
+    at::Generator gen = at::detail::createCPUGenerator(11);
+    for (const auto& t : trainer.trainables()) {
+      t.tensor.add_(at::normal(0.0, 0.05, t.tensor.sizes(), gen, at::TensorOptions().dtype(at::kFloat))
+                        .to(t.tensor.device(), t.tensor.scalar_type()));
+    }
+  }
+  policy->eval();  // no dropout: the direct forwards below are deterministic too
+  const auto tokenizer = load_tokenizer(model_dir);
+  PreferenceEncodeOptions options;
+  options.max_length = 512;
+  options.images = make_image_encoding(model_dir, *policy->config().multimodal);
+  const PreferenceEncoder encoder(tokenizer, chat_template_for(*tokenizer, "qwen2"), options);
+  const fs::path images = assets() / "images";
+  std::vector<PreferenceSample> pairs;
+  for (const auto& [file, chosen, rejected] : {std::tuple<const char*, const char*, const char*>{
+                                                   "rocket.jpg", "A rocket on its pad.", "A cup of coffee."},
+                                               {"coffee.jpg", "Coffee.", "It is a small red rocket, I think."}}) {
+    PreferenceRow row;
+    row.prompt = {{"user", std::string(kImagePlaceholder) + "What is in the picture?", std::nullopt}};
+    row.chosen = chosen;
+    row.rejected = rejected;
+    row.images = {images / file};
+    row.where = file;
+    pairs.push_back(encoder.encode_pair(row).value());
+  }
+  ASSERT_EQ(pairs[0].chosen.pixel_values.size(), 1u);
+  const PreferenceBatch batch = collate_preference({&pairs[0], &pairs[1]}, 0);
+  PreferenceOptions dpo;
+  dpo.rlhf_type = RlhfType::kDpo;
+  const std::vector<std::pair<std::string, at::Tensor>> before = [&] {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& t : trainer.trainables()) out.emplace_back(t.name, t.tensor.detach().clone());
+    return out;
+  }();
+  const PreferenceResult r = pair_objective(dpo, policy, batch, {}, CausalLM(nullptr), false);
+
+  CausalLM base = load_causal_lm(model_dir, {test::test_device(), at::kFloat});
+  base->eval();
+  double loss = 0, chosen_reward = 0;
+  for (const PreferenceSample& p : pairs) {
+    const double pc = sample_logp(policy, p.chosen), pr = sample_logp(policy, p.rejected);
+    const double rc = sample_logp(base, p.chosen), rr = sample_logp(base, p.rejected);
+    const double h = (pc - pr) - (rc - rr);
+    loss += std::log1p(std::exp(-0.1 * h)) / 2;  // -log sigmoid(beta h), mean over the pairs
+    chosen_reward += 0.1 * (pc - rc) / 2;
+  }
+  std::cout << "[" << v.name << " dpo with images] loss " << r.loss.item<double>() << " vs direct " << loss << std::endl;
+  EXPECT_NEAR(r.loss.item<double>(), loss, 1e-5);
+  EXPECT_NEAR(r.metrics.at("rewards/chosen"), chosen_reward, 1e-5);
+  EXPECT_GT(std::abs(chosen_reward), 1e-3) << "the policy must differ from its reference";
+  // The reference's modules_to_save values were swapped back: the trained merger is in place and gets gradients.
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(trainer.trainables()[i].tensor.detach().equal(before[i].second)) << before[i].first;
+  }
+  r.loss.backward();
+  bool merger_grad = false;
+  for (const auto& t : trainer.trainables()) {
+    if (t.name.find("visual.merger.") != std::string::npos && t.tensor.grad().defined()) {
+      merger_grad = merger_grad || t.tensor.grad().abs().sum().item<double>() > 0;
+    }
+  }
+  EXPECT_TRUE(merger_grad);
+}
+
+// GRPO's training forward on image prompts: each row (a prompt's completion; rows of one prompt share its images)
+// gives the log-probabilities of its own forward with its own images. encode_generation_prompt keeps the last tokens
+// of a long prompt without splitting an image.
+TEST_P(GoldenQwen2VL, GrpoCompletionLogpsWithImagesEqualEachRowsOwnForward) {
+  const Version& v = GetParam();
+  SWIFTCPP_REQUIRE_SHARED(ref_dir(v) / v.model / "config.json");
+  SWIFTCPP_REQUIRE_SHARED(assets() / "images" / "rocket.jpg");
+  const fs::path model_dir = ref_dir(v) / v.model;
+  CausalLM model = load_causal_lm(model_dir, {test::test_device(), at::kFloat});
+  model->eval();
+  const auto tokenizer = load_tokenizer(model_dir);
+  PreferenceEncodeOptions options;
+  options.images = make_image_encoding(model_dir, *model->config().multimodal);
+  const PreferenceEncoder encoder(tokenizer, chat_template_for(*tokenizer, "qwen2"), options);
+  const fs::path images = assets() / "images";
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<ImageInputs> prompt_images;
+  for (const char* file : {"rocket.jpg", "coffee.jpg"}) {
+    const std::vector<ChatMessage> messages = {{"user", "What is this? <image>", std::nullopt}};
+    const auto p = encoder.encode_generation_prompt(messages, {images / file}, file, 4096, false);
+    ASSERT_TRUE(p.has_value());
+    prompts.emplace_back(p->ids.begin(), p->ids.end());
+    prompt_images.push_back(p->batched_images());
+    ASSERT_FALSE(prompt_images.back().empty());
+  }
+  const std::vector<std::vector<int64_t>> completions = {{20, 31, 42, 7}, {5, 6}, {9, 10, 11}};
+  const std::vector<size_t> owner = {0, 0, 1};  // two completions of the rocket, one of the coffee
+  const std::vector<int64_t> counted = {4, 2, 3};
+  std::vector<const std::vector<int64_t>*> p, c;
+  std::vector<const ImageInputs*> im;
+  for (size_t r = 0; r < owner.size(); ++r) {
+    p.push_back(&prompts[owner[r]]);
+    im.push_back(&prompt_images[owner[r]]);
+    c.push_back(&completions[r]);
+  }
+  const CompletionBatch b = collate_completions(p, c, counted, 0, im);
+  at::NoGradGuard no_grad;
+  const at::Tensor logps = completion_logps(model, b, 1.0, false).logps.cpu();  // [3, 4]
+  for (size_t r = 0; r < owner.size(); ++r) {
+    std::vector<int64_t> ids = prompts[owner[r]];
+    ids.insert(ids.end(), completions[r].begin(), completions[r].begin() + counted[r]);
+    ForwardOptions o;
+    o.pixel_values = prompt_images[owner[r]].pixel_values.to(test::test_device());
+    o.image_grid_thw = prompt_images[owner[r]].image_grid_thw;
+    const at::Tensor lp =
+        at::log_softmax(model->forward(at::tensor(ids, at::kLong).view({1, -1}).to(test::test_device()), o), -1)[0].cpu();
+    const auto P = static_cast<int64_t>(prompts[owner[r]].size());
+    for (int64_t t = 0; t < counted[r]; ++t) {
+      EXPECT_NEAR(logps[static_cast<int64_t>(r)][t].item<double>(), lp[P - 1 + t][completions[r][t]].item<double>(), 1e-5)
+          << "row " << r << " token " << t;
+    }
+  }
+  // Keeping the last tokens of a prompt whose cut would split its image leaves the image out whole.
+  const std::vector<ChatMessage> long_prompt = {{"user", "<image> is what I see, and now a question about it?", std::nullopt}};
+  const auto whole = encoder.encode_generation_prompt(long_prompt, {images / "rocket.jpg"}, "w", 4096, true);
+  ASSERT_TRUE(whole.has_value());
+  const auto n = static_cast<int64_t>(whole->ids.size());
+  const auto first = std::find(whole->ids.begin(), whole->ids.end(), options.images->image_token_id) - whole->ids.begin();
+  const auto cut = encoder.encode_generation_prompt(long_prompt, {images / "rocket.jpg"}, "w", n - first - 2, true);
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_TRUE(cut->pixel_values.empty());
+  EXPECT_EQ(std::count(cut->ids.begin(), cut->ids.end(), options.images->image_token_id), 0);
+  EXPECT_LT(static_cast<int64_t>(cut->ids.size()), n - first - 2);
+  EXPECT_FALSE(encoder.encode_generation_prompt(long_prompt, {images / "rocket.jpg"}, "w", n - 1, false).has_value());
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, GoldenQwen2VL, ::testing::ValuesIn(kVersions),

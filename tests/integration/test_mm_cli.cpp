@@ -188,14 +188,7 @@ std::vector<std::string> losses(const fs::path& run) {
 
 // Starts training, sends `signal` once checkpoint-3 exists, returns the exit code.
 int train_and_signal(const fs::path& data, const fs::path& out, const std::string& signal, const std::string& extra) {
-  fs::create_directories(out);
-  const std::string cmd = fmt::format(
-      "{} {} >{}/log.txt 2>&1 & pid=$!; "
-      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
-      "kill -{} $pid; wait $pid",
-      SWIFTCPP_BINARY, test::with_test_threads(mm_train_args(data, out, extra)), out.string(), out.string(), signal);
-  const int status = std::system(("bash -c '" + cmd + "'").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return test::run_cli_until_checkpoint(mm_train_args(data, out, extra), out, "checkpoint-3", signal);
 }
 
 TEST(MmTrainCli, LoraWithImagesLearnsSavesThePeftLayoutAndResumesExactly) {
@@ -322,13 +315,7 @@ TEST(MmTrainCli, Qwen2VLLoraTrainsResumesExactlyExportsAndQuantizes) {
   for (const auto& name : adapter.names()) EXPECT_EQ(name.find("visual.blocks"), std::string::npos) << name;
   // Killed after checkpoint-3 and resumed: the same losses, exactly.
   const fs::path out = base / "KILL";
-  fs::create_directories(out);
-  const std::string cmd = fmt::format(
-      "{} {} >{}/log.txt 2>&1 & pid=$!; "
-      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
-      "kill -KILL $pid; wait $pid",
-      SWIFTCPP_BINARY, test::with_test_threads(qwen_train_args(data, out)), out.string(), out.string());
-  (void)std::system(("bash -c '" + cmd + "'").c_str());
+  (void)test::run_cli_until_checkpoint(qwen_train_args(data, out), out, "checkpoint-3", "KILL");
   ASSERT_FALSE(fs::exists(only_run(out) / "checkpoint-12")) << "the run finished before the signal";
   const auto resumed = run_cli(qwen_train_args(data, out, "resume_from_checkpoint=latest"));
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -395,6 +382,162 @@ TEST(MmTrainCli, Qwen2VLPackingChunkFlowBf16AndTheirRefusals) {
   const auto p = run_cli(qwen_train_args(data, base / "pixels", common + " min_pixels=100000 max_pixels=50000"));
   EXPECT_NE(p.code, 0);
   EXPECT_NE(p.out.find("min_pixels"), std::string::npos) << p.out;
+}
+
+// Preference pairs with images in ms-swift's multimodal forms (an `images` column, content parts): the chosen answer
+// names what the image shows, the rejected one names another image's subject.
+fs::path write_mm_preference_dataset(const fs::path& dir) {
+  fs::create_directories(dir / "img");
+  const std::vector<std::pair<std::string, std::string>> images = {
+      {"coffee.jpg", "a cup of coffee"}, {"rocket.jpg", "a rocket"}, {"chelsea_rgba.png", "a cat"},
+      {"camera.png", "a man with a camera"}};
+  std::string rows;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const auto& [file, answer] = images[i];
+    const std::string& wrong = images[(i + 1) % images.size()].second;
+    fs::copy_file(image(file.c_str()), dir / "img" / file, fs::copy_options::overwrite_existing);
+    rows += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": \"<image>What is this?\"}}, {{\"role\": "
+                        "\"assistant\", \"content\": \"It is {}.\"}}], \"rejected_response\": \"It is {}.\", "
+                        "\"images\": [\"img/{}\"]}}\n", answer, wrong, file);
+    rows += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": [{{\"type\": \"image\", \"image\": "
+                        "\"img/{}\"}}, {{\"type\": \"text\", \"text\": \"What do you see?\"}}]}}], \"chosen\": "
+                        "\"I see {}.\", \"rejected\": \"I see {}.\"}}\n", file, answer, wrong);
+  }
+  write_file_atomic(dir / "pairs.jsonl", rows);
+  return dir / "pairs.jsonl";
+}
+
+std::string mm_rlhf_args(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& extra) {
+  return fmt::format("--threads 1 rlhf model={} dataset={} output_dir={} max_length=128 per_device_train_batch_size=2 "
+                     "per_device_eval_batch_size=2 gradient_accumulation_steps=1 max_steps=6 save_steps=3 "
+                     "logging_steps=1 eval_steps=3 split_dataset_ratio=0.25 lora_rank=4 lora_alpha=8 lora_dropout=0.1 "
+                     "learning_rate=3e-3 seed=7 save_total_limit=2 {}",
+                     model.string(), data.string(), out.string(), extra);
+}
+
+// "step key value" of the values a resumed preference run must repeat exactly.
+std::vector<std::string> preference_values(const fs::path& run) {
+  std::vector<std::string> out;
+  std::istringstream in(read_text_file(run / "logging.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const Json j = Json::parse(line);
+    for (const char* key : {"loss", "rewards/margins", "rewards/accuracies", "eval_loss", "eval_rewards/margins"}) {
+      if (j.contains(key)) out.push_back(fmt::format("{} {} {}", j["global_step"].get<int64_t>(), key, j[key].dump()));
+    }
+  }
+  return out;
+}
+
+// DPO on image pairs with Qwen2-VL (LoRA on the language model, the merger trained in full and at its loaded value in
+// the reference forward) trains, saves the PEFT layout and resumes exactly after a hard kill; every other preference
+// method runs on the same rows, LLaVA too; a text model refuses the rows naming file and line.
+TEST(MmRlhfCli, PreferenceMethodsTrainOnImagePairsAndDpoResumesExactly) {
+  SWIFTCPP_REQUIRE_SHARED(qwen2_vl_dir() / "config.json");
+  SWIFTCPP_REQUIRE_SHARED(llava_dir() / "tiny-llava/config.json");
+  const fs::path base = test::temp_dir("mm_rlhf_cli");
+  const fs::path data = write_mm_preference_dataset(base / "data");
+  const auto r = run_cli(mm_rlhf_args(qwen2_vl_dir(), data, base / "straight", "rlhf_type=dpo"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 train pairs, 2 validation"), std::string::npos) << r.out;
+  const fs::path run = only_run(base / "straight");
+  const std::vector<std::string> expected = preference_values(run);
+  ASSERT_FALSE(expected.empty());
+  for (const std::string& v : expected) EXPECT_EQ(v.find("null"), std::string::npos) << v;
+  const Json cfg = load_json_file(run / "checkpoint-6" / "adapter_config.json");
+  EXPECT_EQ(cfg["modules_to_save"], Json({"visual.merger"}));
+  const fs::path out = base / "KILL";
+  (void)test::run_cli_until_checkpoint(mm_rlhf_args(qwen2_vl_dir(), data, out, "rlhf_type=dpo"), out, "checkpoint-3",
+                                       "KILL");
+  ASSERT_FALSE(fs::exists(only_run(out) / "checkpoint-6")) << "the run finished before the signal";
+  const auto resumed =
+      run_cli(mm_rlhf_args(qwen2_vl_dir(), data, out, "rlhf_type=dpo resume_from_checkpoint=latest"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(preference_values(only_run(out)), expected);
+
+  for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+           {"kto", "rlhf_type=kto"}, {"orpo", "rlhf_type=orpo"}, {"simpo", "rlhf_type=simpo"}, {"rm", "rlhf_type=rm"},
+           {"bf16", "rlhf_type=dpo bf16=true"}, {"full", "rlhf_type=dpo train_type=full"}}) {
+    SCOPED_TRACE(name);
+    const auto m = run_cli(mm_rlhf_args(qwen2_vl_dir(), data, base / name, extra + " max_steps=2 save_steps=2 eval_steps=2"));
+    ASSERT_EQ(m.code, 0) << m.out;
+    const std::vector<std::string> values = preference_values(only_run(base / name));
+    ASSERT_FALSE(values.empty());
+    for (const std::string& v : values) EXPECT_EQ(v.find("null"), std::string::npos) << v;
+  }
+  const auto llava = run_cli(mm_rlhf_args(llava_dir() / "tiny-llava", data, base / "llava",
+                                          "rlhf_type=dpo max_steps=2 save_steps=2 eval_steps=2"));
+  ASSERT_EQ(llava.code, 0) << llava.out;
+  const auto text = run_cli(mm_rlhf_args(stories_dir(), data, base / "text", "rlhf_type=dpo"));
+  EXPECT_NE(text.code, 0);
+  EXPECT_NE(text.out.find("pairs.jsonl:1"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("images need a vision-language model"), std::string::npos) << text.out;
+}
+
+// GRPO on image prompts with Qwen2-VL: rollouts on the engine with each prompt's pixels, an external reward that
+// sees the row's fields (its target and the image files), the KL term toward the base (adapters off, the merger at its
+// loaded value); killed after checkpoint-2 and resumed, it repeats the uninterrupted run exactly.
+TEST(MmRlhfCli, GrpoRollsOutImagePromptsSeesTheirFieldsAndResumesExactly) {
+  SWIFTCPP_REQUIRE_SHARED(qwen2_vl_dir() / "config.json");
+  const fs::path base = test::temp_dir("mm_grpo_cli");
+  fs::create_directories(base / "data" / "img");
+  std::string rows;
+  for (const auto& [file, target] : std::vector<std::pair<std::string, std::string>>{
+           {"coffee.jpg", "coffee"}, {"rocket.jpg", "rocket"}, {"chelsea_rgba.png", "cat"}, {"camera.png", "camera"}}) {
+    fs::copy_file(image(file.c_str()), base / "data" / "img" / file, fs::copy_options::overwrite_existing);
+    rows += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": \"<image>What is this?\"}}], \"images\": "
+                        "[\"img/{}\"], \"target\": \"{}\"}}\n", file, target);
+  }
+  rows += "{\"prompt\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": \"img/rocket.jpg\"}, "
+          "{\"type\": \"text\", \"text\": \"Name it.\"}]}], \"target\": \"rocket\"}\n";
+  write_file_atomic(base / "data" / "prompts.jsonl", rows);
+  // 0.5 for seeing the row's image files, 1 more for naming the target.
+  write_file_atomic(base / "reward.sh",
+                    "exec awk '{ r = index($0, \"\\\"images\\\":[\\\"/\") > 0 ? 0.5 : 0;\n"
+                    "  if (match($0, /\"target\":\"[^\"]*\"/)) { t = substr($0, RSTART + 10, RLENGTH - 11);\n"
+                    "    if (match($0, /\"completion\":\"[^\"]*\"/) && index(substr($0, RSTART, RLENGTH), t) > 0) r += 1 }\n"
+                    "  print r }'\n");
+  const auto args = [&](const fs::path& out, const std::string& extra) {
+    return fmt::format("--threads 1 rlhf rlhf_type=grpo model={} dataset={} output_dir={} max_length=256 "
+                       "reward_funcs=\"external:sh {}\" num_generations=2 max_completion_length=6 "
+                       "per_device_train_batch_size=4 gradient_accumulation_steps=1 max_steps=4 save_steps=2 "
+                       "logging_steps=1 eval_steps=100 lora_rank=4 lora_alpha=8 lora_dropout=0 learning_rate=5e-3 "
+                       "seed=3 beta=0.04 log_completions=true {}",
+                       qwen2_vl_dir().string(), (base / "data" / "prompts.jsonl").string(), out.string(),
+                       (base / "reward.sh").string(), extra);
+  };
+  const auto r = run_cli(args(base / "straight", ""));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("5 train prompts"), std::string::npos) << r.out;
+  const fs::path run = only_run(base / "straight");
+  std::vector<std::string> expected;
+  int rewarded = 0;
+  std::istringstream log(read_text_file(run / "logging.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const Json j = Json::parse(line);
+    for (const char* key : {"loss", "reward", "kl", "completions/mean_length"}) {
+      if (j.contains(key)) expected.push_back(fmt::format("{} {} {}", j["global_step"].get<int64_t>(), key, j[key].dump()));
+    }
+    if (j.contains("reward")) {
+      EXPECT_GE(j["reward"].get<double>(), 0.5) << "every completion's row carried its images: " << line;
+      ++rewarded;
+    }
+  }
+  EXPECT_EQ(rewarded, 4);
+  EXPECT_NE(read_text_file(run / "completions.jsonl").find("What is this?"), std::string::npos);
+  const fs::path out = base / "KILL";
+  (void)test::run_cli_until_checkpoint(args(out, ""), out, "checkpoint-2", "KILL");
+  ASSERT_FALSE(fs::exists(only_run(out) / "checkpoint-4")) << "the run finished before the signal";
+  const auto resumed = run_cli(args(out, "resume_from_checkpoint=latest"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  std::vector<std::string> again;
+  std::istringstream log2(read_text_file(only_run(out) / "logging.jsonl"));
+  for (std::string line; std::getline(log2, line);) {
+    const Json j = Json::parse(line);
+    for (const char* key : {"loss", "reward", "kl", "completions/mean_length"}) {
+      if (j.contains(key)) again.push_back(fmt::format("{} {} {}", j["global_step"].get<int64_t>(), key, j[key].dump()));
+    }
+  }
+  EXPECT_EQ(again, expected);
 }
 
 TEST(MmTrainCli, LlavaNextTrainsWithItsAnyresCountsInPaddingPackingAndChunkFlow) {

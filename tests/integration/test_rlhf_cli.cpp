@@ -105,15 +105,7 @@ TEST(RlhfCli, DpoWritesTrlMetricsAndResumesExactlyAfterSigterm) {
 
   // Stopped by SIGTERM after checkpoint-3, then resumed: the same values as the uninterrupted run.
   const fs::path out = base / "term";
-  fs::create_directories(out);
-  const std::string cmd = fmt::format(
-      "{} {} >{}/log.txt 2>&1 & pid=$!; "
-      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
-      "kill -TERM $pid; wait $pid",
-      SWIFTCPP_BINARY, test::with_test_threads(rlhf_args(out)), out.string(), out.string());
-  const int status = std::system(("bash -c '" + cmd + "'").c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 143);
+  EXPECT_EQ(test::run_cli_until_checkpoint(rlhf_args(out), out, "checkpoint-3", "TERM"), 143);
   ASSERT_FALSE(fs::exists(only_run_dir(out) / "checkpoint-6")) << "the run finished before the signal";
   const auto resumed = run_cli(rlhf_args(out, "resume_from_checkpoint=latest"));
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -352,15 +344,8 @@ TEST(GrpoCli, LogsTrlMetricsAndResumesExactlyAfterSigterm) {
   EXPECT_EQ(load_json_file(run / "args.json")["rlhf_type"], "grpo");
 
   const fs::path out = base / "term";
-  fs::create_directories(out);
-  const std::string cmd = fmt::format(
-      "{} {} >{}/log.txt 2>&1 & pid=$!; "
-      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-2 >/dev/null 2>&1 && break; sleep 0.005; done; "
-      "kill -TERM $pid; wait $pid",
-      SWIFTCPP_BINARY, test::with_test_threads(grpo_args(out, extra)), out.string(), out.string());
-  const int status = std::system(("bash -c '" + cmd + "'").c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 143) << read_text_file(out / "log.txt");
+  EXPECT_EQ(test::run_cli_until_checkpoint(grpo_args(out, extra), out, "checkpoint-2", "TERM", 0.005), 143)
+      << read_text_file(out / "log.txt");
   const fs::path term_run = only_run_dir(out);
   ASSERT_FALSE(fs::exists(term_run / "checkpoint-8")) << "the run finished before the signal";
   // The signal came during step 3 at the latest: the run stopped at the end of that rollout batch.

@@ -53,14 +53,7 @@ std::vector<std::string> logged_losses(const fs::path& run_dir) {
 
 // Starts `swiftcpp train`, waits until checkpoint-3 exists, then sends `signal`; returns the exit code.
 int run_and_signal(const fs::path& out, const std::string& signal, const std::string& extra = "") {
-  fs::create_directories(out);
-  const std::string cmd = fmt::format(
-      "{} {} >{}/log.txt 2>&1 & pid=$!; "
-      "for i in $(seq 1 6000); do ls -d {}/v*/checkpoint-3 >/dev/null 2>&1 && break; sleep 0.01; done; "
-      "kill -{} $pid; wait $pid",
-      SWIFTCPP_BINARY, test::with_test_threads(train_args(out, extra)), out.string(), out.string(), signal);
-  const int status = std::system(("bash -c '" + cmd + "'").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return test::run_cli_until_checkpoint(train_args(out, extra), out, "checkpoint-3", signal);
 }
 
 TEST(TrainCli, WritesTheRunFolderAndResumesExactlyAfterSigtermAndHardKill) {

@@ -1,6 +1,7 @@
 // Vision-language data: rows with images (every form, path resolution, counts), the llava chat template, encoding
 // with expanded image-token runs (labels, truncation, unreadable images), collation order of pixel_values, the
-// data cache with images, and ChunkFlow boundaries that never cut an image's run. Real images from
+// data cache with images, ChunkFlow boundaries that never cut an image's run, and preference and KTO rows with
+// images (encoded as SFT encodes them, the prompt's images decoded once for both answers). Real images from
 // ../shared/assets/images and the tiny-llava tokenizer (`<image>` = 512, 16 features per image, 56 px).
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
@@ -16,6 +17,7 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "data/pipeline.h"
+#include "data/preference_data.h"
 #include "template/template.h"
 #include "tests/test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -789,6 +791,238 @@ TEST(MmDataChunkFlow, RandomPlansPlaceEveryTokenOnceAndNeverCutARun) {
       for (int count : s) ASSERT_EQ(count, 1) << "trial " << trial;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Preference rows with images.
+
+PreferenceRow pref_row(const std::string& json, PreferenceTask task = PreferenceTask::kPairs,
+                       const fs::path& base = images_dir()) {
+  return normalise_preference_row(Json::parse(json), "p.jsonl:2", task, std::nullopt, base);
+}
+
+std::string pref_reason(const std::string& json) {
+  return reason_of([&] { pref_row(json); });
+}
+
+PreferenceEncoder llava_preference_encoder(PreferenceEncodeOptions o = {}) {
+  o.images = make_image_encoding(tiny_llava(), kImageId, kPerImage);
+  const auto tok = load_tokenizer(tiny_llava());
+  return PreferenceEncoder(tok, chat_template_for(*tok, "llava"), o);
+}
+
+// SFT's encoding (loss on the last answer) of the row's prompt followed by `answer`.
+Sample sft_encoding(const PreferenceRow& r, const std::string& answer) {
+  EncodeOptions o = vision_options();
+  o.loss_scale = LossScale::kLastRound;
+  Conversation c;
+  c.messages = r.prompt;
+  c.messages.push_back({"assistant", answer, std::nullopt});
+  c.images = r.images;
+  c.where = r.where;
+  const auto s = llava_encoder(o).encode(c);
+  EXPECT_TRUE(s.has_value());
+  return s.value_or(Sample());
+}
+
+TEST(MmPreferenceRows, EveryFormCarriesThePromptsImages) {
+  MM_REQUIRE_ASSETS();
+  const std::vector<fs::path> coffee = {images_dir() / "coffee.jpg"};
+  PreferenceRow r = pref_row(R"({"messages": [{"role": "user", "content": "<image>What is it?"},
+      {"role": "assistant", "content": "A cup."}], "rejected_response": "A rocket.", "images": ["coffee.jpg"]})");
+  EXPECT_EQ(r.images, coffee);
+  EXPECT_EQ(r.prompt.back().content, "<image>What is it?");
+  r = pref_row(R"({"messages": [{"role": "user", "content": [{"type": "image", "image": "coffee.jpg"},
+      {"type": "text", "text": "What is it?"}]}], "chosen": "A cup.", "rejected": "A rocket."})");
+  EXPECT_EQ(r.images, coffee);
+  EXPECT_EQ(r.prompt.back().content, "<image>What is it?");
+  r = pref_row(R"({"prompt": "<image>What is it?", "chosen": "A cup.", "rejected": "A rocket.",
+      "images": ["coffee.jpg"]})");
+  EXPECT_EQ(r.images, coffee);
+  r = pref_row(R"({"messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A cup."}],
+      "rejected_messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A rocket."}],
+      "images": ["coffee.jpg"]})");
+  EXPECT_EQ(r.images, coffee);
+  EXPECT_EQ(*r.rejected, "A rocket.");
+  r = normalise_preference_row(Json::parse(R"({"messages": [{"role": "user", "content": "<image>Is it hot?"},
+      {"role": "assistant", "content": "Yes."}], "label": true, "images": ["coffee.jpg"]})"), "k.jsonl:1",
+      PreferenceTask::kKto, std::nullopt, images_dir());
+  EXPECT_EQ(r.images, coffee);
+  EXPECT_EQ(r.desirable, std::optional<bool>(true));
+
+  // Bad rows name their reason: placeholders and images that differ in number, an image in an answer, a rejected
+  // conversation whose images differ from the chosen one's.
+  EXPECT_EQ(pref_reason(R"({"prompt": "What is it?", "chosen": "A cup.", "rejected": "A rocket.",
+      "images": ["coffee.jpg"]})"), "image count mismatch");
+  EXPECT_EQ(pref_reason(R"({"prompt": "<image>What is it?", "chosen": "A cup.", "rejected": "A <image> rocket.",
+      "images": ["coffee.jpg"]})"), "image in an assistant message");
+  EXPECT_EQ(pref_reason(R"({"prompt": "<image>What is it?", "chosen": "A <image> cup.", "rejected": "A rocket.",
+      "images": ["coffee.jpg"]})"), "image in an assistant message");
+  EXPECT_EQ(pref_reason(R"({"messages": [{"role": "user", "content": [{"type": "image", "image": "coffee.jpg"}]},
+      {"role": "assistant", "content": "A cup."}], "rejected_messages": [{"role": "user", "content": [{"type": "image",
+      "image": "rocket.jpg"}]}, {"role": "assistant", "content": "A rocket."}]})"), "rejected_messages images differ");
+}
+
+// Chosen and rejected are exactly SFT's encodings of the prompt with each answer (image runs expanded, labels on the
+// answer only), and hold the same decoded images: one tensor each, shared.
+TEST(MmPreferenceEncode, PairsAreSftEncodingsSharingThePromptsDecodedImages) {
+  MM_REQUIRE_ASSETS();
+  const PreferenceRow r = pref_row(R"({"messages": [{"role": "user", "content": "<image>What is it?"},
+      {"role": "assistant", "content": "A cup of coffee."}, {"role": "user", "content": "And this one? <image>"},
+      {"role": "assistant", "content": "A rocket."}], "rejected_response": "A camera, I think.",
+      "images": ["coffee.jpg", "rocket.jpg"]})");
+  const auto pair = llava_preference_encoder().encode_pair(r);
+  ASSERT_TRUE(pair.has_value());
+  for (const auto& [sample, answer] : {std::pair<const Sample*, std::string>{&pair->chosen, "A rocket."},
+                                      {&pair->rejected, "A camera, I think."}}) {
+    SCOPED_TRACE(answer);
+    const Sample sft = sft_encoding(r, answer);
+    EXPECT_EQ(sample->input_ids, sft.input_ids);
+    EXPECT_EQ(sample->labels, sft.labels);
+    EXPECT_EQ(sample->image_tokens, (std::vector<int64_t>{kPerImage, kPerImage}));
+    ASSERT_EQ(sample->pixel_values.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(sample->pixel_values[i].equal(sft.pixel_values[i])) << i;
+  }
+  EXPECT_TRUE(pair->chosen.pixel_values[0].equal(expected_pixels(images_dir() / "coffee.jpg")));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(pair->chosen.pixel_values[i].data_ptr(), pair->rejected.pixel_values[i].data_ptr()) << "decoded once";
+  }
+  // The prompt holds both runs, and no prompt position is trained.
+  const auto starts = run_starts(pair->chosen.input_ids);
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_LE(starts[1] + kPerImage, pair->prompt_length);
+  for (int64_t t = 0; t + 1 < pair->prompt_length; ++t) EXPECT_EQ(pair->chosen.labels[static_cast<size_t>(t)], kIgnoreIndex);
+
+  // KTO: a pair row gives two examples with the same images, decoded once.
+  const auto kto = llava_preference_encoder().encode_kto(r);
+  ASSERT_EQ(kto.size(), 2u);
+  ASSERT_TRUE(kto[0] && kto[1]);
+  EXPECT_EQ(kto[0]->completion.input_ids, pair->chosen.input_ids);
+  EXPECT_EQ(kto[1]->completion.input_ids, pair->rejected.input_ids);
+  EXPECT_EQ(kto[0]->completion.pixel_values[1].data_ptr(), kto[1]->completion.pixel_values[1].data_ptr());
+  // Its KL rows take the prompt's own images: row 0 is prompt 0 with completion 1.
+  const std::vector<Sample> kl = kto_kl_samples({&*kto[0], &*kto[1]}, llava_preference_encoder().options());
+  ASSERT_EQ(kl.size(), 2u);
+  EXPECT_EQ(kl[0].input_ids, kto[1]->completion.input_ids);  // the same prompt, so the other completion follows it
+  EXPECT_EQ(kl[0].pixel_values.size(), 2u);
+  EXPECT_EQ(kl[0].image_tokens, (std::vector<int64_t>{kPerImage, kPerImage}));
+
+  // The pair batch: the chosen rows' images once; the rejected rows take the same.
+  const PreferenceBatch batch = collate_preference({&*pair, &*pair}, 0);
+  EXPECT_FALSE(batch.batch.pixel_values.defined());
+  ASSERT_FALSE(batch.images.empty());
+  EXPECT_EQ(batch.images.pixel_values.sizes(), (at::IntArrayRef{4, 3, 56, 56}));  // 2 pairs x 2 images
+
+  // A text model refuses the row; a prompt whose image tokens and images differ in number is a bad row.
+  const auto tok = load_tokenizer(tiny_llava());
+  const PreferenceEncoder text(tok, chat_template_for(*tok, "llava"), {});
+  EXPECT_EQ(reason_of([&] { text.encode_pair(r); }), "images need a vision-language model");
+  PreferenceRow fewer = r;
+  fewer.images.pop_back();
+  EXPECT_EQ(reason_of([&] { llava_preference_encoder().encode_pair(fewer); }), "image count mismatch");
+}
+
+// Truncation counts image tokens and never keeps part of a run: a prompt cut inside a run leaves that image out
+// whole (its pixels too); a pair dropped by its length decodes no image, so an undecodable one goes unnoticed.
+TEST(MmPreferenceEncode, TruncationLeavesCutImagesOutAndDroppedPairsDecodeNothing) {
+  MM_REQUIRE_ASSETS();
+  const PreferenceRow r = pref_row(R"({"prompt": "<image> and <image>: which came first?", "chosen": "The cup.",
+      "rejected": "The rocket.", "images": ["coffee.jpg", "rocket.jpg"]})");
+  const auto full = llava_preference_encoder().encode_pair(r);
+  ASSERT_TRUE(full.has_value());
+  const auto starts = run_starts(full->chosen.input_ids);
+  ASSERT_EQ(starts.size(), 2u);
+  const int64_t P = full->prompt_length;
+  PreferenceEncodeOptions o;
+  o.truncation = TruncationStrategy::kLeft;
+  o.max_prompt_length = P - starts[0] - 3;  // keep_end: the cut falls inside the first run
+  o.max_length = o.max_prompt_length + 8;  // the prompt plus an answer (5 or 6 tokens) is longer: the prompt is cut
+  const auto cut = llava_preference_encoder(o).encode_pair(r);
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->prompt_length, P - starts[0] - kPerImage);  // starts right after the first run
+  for (const Sample* s : {&cut->chosen, &cut->rejected}) {
+    EXPECT_EQ(run_starts(s->input_ids).size(), 1u);
+    ASSERT_EQ(s->pixel_values.size(), 1u);
+    EXPECT_TRUE(s->pixel_values[0].equal(full->chosen.pixel_values[1]));  // the rocket stays
+    EXPECT_EQ(s->label_tokens(), (s == &cut->chosen ? full->chosen : full->rejected).label_tokens());
+  }
+
+  // An image whose header opens but whose data does not decode: a dropped pair never decodes it.
+  const fs::path dir = test::temp_dir("mm_pref_truncated");
+  std::ifstream in(images_dir() / "coffee.jpg", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write_file_atomic(dir / "truncated.jpg", bytes.substr(0, bytes.size() / 2));
+  const PreferenceRow broken = pref_row(R"({"prompt": "<image>?", "chosen": "A cup.", "rejected": "A rocket.",
+      "images": ["truncated.jpg"]})", PreferenceTask::kPairs, dir);
+  PreferenceEncodeOptions tight;
+  tight.max_length = 8;  // delete: shorter than the image's run
+  EXPECT_FALSE(llava_preference_encoder(tight).encode_pair(broken).has_value());
+  EXPECT_EQ(llava_preference_encoder(tight).encode_kto(broken).size(), 2u);
+  std::string message;
+  EXPECT_EQ(reason_of([&] { llava_preference_encoder().encode_pair(broken); }, &message), "image unreadable");
+  EXPECT_NE(message.find("p.jsonl:2"), std::string::npos) << message;
+  EXPECT_NE(message.find((dir / "truncated.jpg").string()), std::string::npos) << message;
+}
+
+// The prepared pairs and KTO examples keep their pixels through the cache, the rejected sample sharing the chosen
+// one's images after loading too; a changed image rebuilds it.
+TEST(MmPreferencePipeline, CacheKeepsThePairsImagesAndNoticesAChangedImage) {
+  MM_REQUIRE_ASSETS();
+  const fs::path dir = test::temp_dir("mm_pref_cache");
+  fs::create_directories(dir / "img");
+  for (const char* name : {"coffee.jpg", "rocket.jpg"}) {
+    fs::copy_file(images_dir() / name, dir / "img" / name, fs::copy_options::overwrite_existing);
+  }
+  write_file_atomic(dir / "pairs.jsonl",
+                    "{\"prompt\": \"<image>What is it?\", \"chosen\": \"A cup.\", \"rejected\": \"A rocket.\", "
+                    "\"images\": [\"img/coffee.jpg\"]}\n"
+                    "{\"prompt\": \"Text only?\", \"chosen\": \"Yes.\", \"rejected\": \"No.\"}\n"
+                    "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": "
+                    "\"img/rocket.jpg\"}, {\"type\": \"text\", \"text\": \"And this?\"}]}, {\"role\": \"assistant\", "
+                    "\"content\": \"A rocket.\"}], \"rejected_response\": \"A cup.\"}\n");
+  DataOptions o;
+  o.dataset = {(dir / "pairs.jsonl").string()};
+  o.cache_dir = dir / "cache";
+  o.dataset_shuffle = false;
+  const PreferenceEncoder enc = llava_preference_encoder();
+  const PreferenceData built = prepare_preference_data(o, enc, "fp");
+  ASSERT_EQ(built.train.size(), 3u);
+  EXPECT_FALSE(built.stats.from_cache);
+  const PreferenceData cached = prepare_preference_data(o, enc, "fp");
+  EXPECT_TRUE(cached.stats.from_cache);
+  ASSERT_EQ(cached.train.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const PreferenceSample& a = built.train[i];
+    const PreferenceSample& b = cached.train[i];
+    EXPECT_EQ(a.chosen.input_ids, b.chosen.input_ids) << i;
+    EXPECT_EQ(a.rejected.labels, b.rejected.labels) << i;
+    EXPECT_EQ(a.prompt_length, b.prompt_length) << i;
+    ASSERT_EQ(a.chosen.pixel_values.size(), b.rejected.pixel_values.size()) << i;
+    for (size_t k = 0; k < b.chosen.pixel_values.size(); ++k) {
+      EXPECT_TRUE(a.chosen.pixel_values[k].equal(b.chosen.pixel_values[k])) << i;
+      EXPECT_EQ(b.chosen.pixel_values[k].data_ptr(), b.rejected.pixel_values[k].data_ptr()) << i;
+    }
+    EXPECT_EQ(a.chosen.image_tokens, b.rejected.image_tokens) << i;
+  }
+  EXPECT_EQ(cached.train[1].chosen.pixel_values.size(), 0u);
+  EXPECT_TRUE(cached.train[2].chosen.pixel_values[0].equal(expected_pixels(images_dir() / "rocket.jpg")));
+  fs::copy_file(images_dir() / "coffee.jpg", dir / "img" / "rocket.jpg", fs::copy_options::overwrite_existing);
+  const PreferenceData changed = prepare_preference_data(o, enc, "fp");
+  EXPECT_FALSE(changed.stats.from_cache);
+  EXPECT_TRUE(changed.train[2].chosen.pixel_values[0].equal(expected_pixels(images_dir() / "coffee.jpg")));
+
+  // KTO: each example holds its prompt's images, through its cache too.
+  const KtoData kto = prepare_kto_data(o, enc, "fp");
+  ASSERT_EQ(kto.train.size(), 6u);
+  const KtoData kto_cached = prepare_kto_data(o, enc, "fp");
+  EXPECT_TRUE(kto_cached.stats.from_cache);
+  for (size_t i = 0; i < 6; ++i) {
+    ASSERT_EQ(kto.train[i].completion.pixel_values.size(), kto_cached.train[i].completion.pixel_values.size()) << i;
+    for (size_t k = 0; k < kto.train[i].completion.pixel_values.size(); ++k) {
+      EXPECT_TRUE(kto.train[i].completion.pixel_values[k].equal(kto_cached.train[i].completion.pixel_values[k])) << i;
+    }
+  }
+  EXPECT_EQ(kto.train[0].completion.pixel_values.size(), 1u);
 }
 
 }  // namespace

@@ -200,10 +200,11 @@ TEST(PrefDataRows, BadRowsNameTheRowAndAStableReason) {
       {"role": "assistant", "content": "c"}], "rejected_response": "r"})"), "wrong role order");
   EXPECT_EQ(reason_of(R"({"chosen": "c", "rejected": "r"})"), "unknown format");
   EXPECT_EQ(reason_of("[1, 2]"), "unknown format");
-  // Images are refused for now, as a column or as content parts; an empty column is no image.
-  EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "images": ["a.jpg"]})"), kPreferenceImagesReason);
+  // Images are read as SFT reads them (test_mm_data.cpp encodes them): a column without placeholders is a count
+  // mismatch, content parts are images; an empty column is no image.
+  EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "images": ["a.jpg"]})"), "image count mismatch");
   EXPECT_EQ(reason_of(R"({"messages": [{"role": "user", "content": [{"type": "image", "image": "a.jpg"}, {"type": "text", "text": "?"}]},
-      {"role": "assistant", "content": "c"}], "rejected_response": "r"})"), kPreferenceImagesReason);
+      {"role": "assistant", "content": "c"}], "rejected_response": "r"})"), "");
   EXPECT_EQ(reason_of("{" + ua + R"(, "rejected_response": "r", "images": []})"), "");
 }
 
