@@ -35,6 +35,12 @@ Output folder (a Hugging Face LLaVA-1.5 checkpoint plus data):
     heldout.jsonl             the held-out images for `swiftcpp eval`: both questions per image, with the choices
     eval_task.yaml            the custom multiple-choice eval task over heldout.jsonl (image_field: images)
     eval_generate.yaml        the same questions as a generation task (greedy, exact match on the answer word)
+    warmup.jsonl              the GRPO demo's format warm-up (recipes/llava_grpo_demo.yaml): training images asked
+                              their colour, each answered once with every colour (shuffled), so a short SFT teaches
+                              the answer's form while its content stays at chance, uniform over the four colours
+    grpo.jsonl                GRPO prompts: each training image asked its colour, the right colour as "target"
+                              (rewarded by recipes/rewards/mentions_target.sh)
+    grpo_val.jsonl            the held-out images as GRPO prompts (eval_reward)
 
 Everything is a function of --seed (numpy's default_rng). Files are written under temporary names and renamed.
 Only numpy and the standard library are used (PNGs are encoded here with zlib).
@@ -332,7 +338,25 @@ def write_data(out, rng, n_train, n_heldout):
         for kind, options in (("colour", colours), ("shape", SHAPES)):
             heldout.append({"question": QUESTIONS[kind], "options": options, "answer": answers[kind],
                             "kind": kind, "images": [name]})
-    for file, rows in (("train.jsonl", train), ("val.jsonl", val), ("heldout.jsonl", heldout)):
+    # The GRPO demo's rows, from a generator of their own so the rows above stay as they were.
+    grpo_rng = np.random.default_rng(int(rng.integers(2**31)) + 1)
+    warmup, grpo, grpo_val = [], [], []
+    for i, row in enumerate(train):
+        image = row["images"][0]
+        colour = next(m["content"] for m, q in zip(row["messages"][1::2], row["messages"][0::2])
+                      if q["content"].endswith(QUESTIONS["colour"]))
+        prompt = [{"role": "user", "content": "<image>" + QUESTIONS["colour"]}]
+        if i < len(train) // 4:
+            warmup.extend({"messages": prompt + [{"role": "assistant", "content": c}], "images": [image]}
+                          for c in colours)
+        grpo.append({"messages": prompt, "images": [image], "target": colour})
+    warmup = [warmup[k] for k in grpo_rng.permutation(len(warmup))]
+    for item in heldout:
+        if item["kind"] == "colour":
+            grpo_val.append({"messages": [{"role": "user", "content": "<image>" + QUESTIONS["colour"]}],
+                             "images": item["images"], "target": item["answer"]})
+    for file, rows in (("train.jsonl", train), ("val.jsonl", val), ("heldout.jsonl", heldout),
+                       ("warmup.jsonl", warmup), ("grpo.jsonl", grpo), ("grpo_val.jsonl", grpo_val)):
         write_atomic(os.path.join(out, file), "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
     write_atomic(os.path.join(out, "eval_task.yaml"), (
         "# Held-out accuracy of the LLaVA demo (scripts/make_mm_demo.py): each held-out image asked both questions,\n"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include "core/fs.h"
@@ -538,6 +539,41 @@ TEST(MmRlhfCli, GrpoRollsOutImagePromptsSeesTheirFieldsAndResumesExactly) {
     }
   }
   EXPECT_EQ(again, expected);
+}
+
+// The bundled GRPO-with-images demo as docs/recipes.md runs it, on a smaller draw of its data: the format warm-up
+// leaves the colour at chance, and GRPO alone (a reward for naming the picture's colour) raises the held-out reward
+// by at least 0.3 in 40 steps (about 30 s; the recipe's 100 steps reach 0.94).
+TEST(MmRlhfCli, TheLlavaGrpoDemoLearnsToNameTheColourItSees) {
+  const fs::path base = test::temp_dir("llava_grpo_demo");
+  const fs::path demo = base / "llava-demo";
+  const std::string src = test::source_dir().string();
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + src + "/scripts/make_mm_demo.py --out " + demo.string() +
+                         " --train 2000 --heldout 100 >" + (base / "make.log").string() + " 2>&1").c_str()), 0);
+  const std::string data = fmt::format("model={} val_dataset={}", demo.string(), (demo / "val.jsonl").string());
+  const auto warmup = run_cli(fmt::format("--threads 1 train --recipe {}/recipes/llava_demo.yaml {} dataset={} "
+                                          "max_steps=40 output_dir={}", src, data, (demo / "warmup.jsonl").string(),
+                                          (base / "warmup").string()));
+  ASSERT_EQ(warmup.code, 0) << warmup.out;
+  std::string checkpoint = warmup.out.substr(0, warmup.out.find_last_not_of('\n') + 1);
+  checkpoint = checkpoint.substr(checkpoint.find_last_of('\n') + 1);
+  ASSERT_TRUE(fs::exists(fs::path(checkpoint) / "adapter_model.safetensors")) << warmup.out;
+  // From the source folder, as the recipe's reward command path expects.
+  const auto grpo = run_cli(fmt::format("--threads 1 rlhf --recipe recipes/llava_grpo_demo.yaml model={} dataset={} "
+                                        "val_dataset={} adapters={} max_steps=40 eval_steps=40 save_steps=40 "
+                                        "output_dir={}", demo.string(), (demo / "grpo.jsonl").string(),
+                                        (demo / "grpo_val.jsonl").string(), checkpoint, (base / "grpo").string()),
+                            fmt::format("cd '{}' &&", src));
+  ASSERT_EQ(grpo.code, 0) << grpo.out;
+  std::map<int64_t, double> eval;
+  std::istringstream log(read_text_file(only_run(base / "grpo") / "logging.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const Json j = Json::parse(line);
+    if (j.contains("eval_reward")) eval[j["global_step"].get<int64_t>()] = j["eval_reward"].get<double>();
+  }
+  ASSERT_EQ(eval.size(), 2u);
+  EXPECT_LT(eval[0], 0.4) << "the warm-up must leave the colour near chance (0.25)";
+  EXPECT_GE(eval[40] - eval[0], 0.3) << "eval_reward " << eval[0] << " -> " << eval[40];
 }
 
 TEST(MmTrainCli, LlavaNextTrainsWithItsAnyresCountsInPaddingPackingAndChunkFlow) {
