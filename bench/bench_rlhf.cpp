@@ -11,17 +11,26 @@
 // and the peak tensor memory of one step; for dpo also the median seconds of the step's reference forward (timed on
 // its own inside the step, then handed to pair_objective: the same work pair_objective would do).
 //
+// With --image FILE (a vision-language model), each prompt holds that image's run of image tokens (as the model's
+// processor counts it) after 8 random ids, then random ids up to `prompt` tokens. SFT trains each of the 2 x pairs
+// rows with its own copy of the image (the tower runs for every row, as SFT on those rows does); DPO encodes each
+// prompt's image once for both answers, in the policy's forward and in the reference's.
+//
 //   build/bin/swiftcpp_bench_rlhf --model bench/models/bench25m --objective dpo --pairs 2 --prompt 256 --answer 256
+//   build/bin/swiftcpp_bench_rlhf --model bench/models/bench25m-qwen2-vl --image ../shared/assets/images/coffee.jpg
+//       --objective dpo --pairs 2 --prompt 768 --answer 256
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "core/json.h"
 #include "core/memory.h"
 #include "core/runtime.h"
+#include "data/encode.h"
 #include "data/preference_data.h"
 #include "train/rlhf.h"
 #include "train/trainer.h"
@@ -42,6 +51,15 @@ struct Options {
   uint64_t data_seed = 0;
   int64_t lora_rank = 16;
   double lora_alpha = 32;
+  std::string image;  // a vision-language model's prompt image ("" for text)
+};
+
+// The prompt image of every pair: its preprocessed pixels and the tokens its run takes.
+struct PromptImage {
+  vision::ProcessedImage image;
+  int64_t tokens = 0;
+  int32_t token_id = -1;
+  bool variable_size = false;  // Qwen2-VL: pixel_values [patches, C T P P] with a grid
 };
 
 uint64_t splitmix(uint64_t& state) {
@@ -52,24 +70,36 @@ uint64_t splitmix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// Per step: `pairs` pairs of random ids in [3, vocab).
-std::vector<std::vector<PreferenceSample>> make_pairs(const Options& o, int64_t vocab) {
+// Per step: `pairs` pairs of random ids in [3, vocab) (the image token excluded), each prompt holding `image`'s run
+// when it is given.
+std::vector<std::vector<PreferenceSample>> make_pairs(const Options& o, int64_t vocab, const PromptImage* image) {
   uint64_t state = o.data_seed;
   const auto ids = [&](int64_t n) {
     std::vector<int32_t> v;
-    for (int64_t i = 0; i < n; ++i) v.push_back(3 + static_cast<int32_t>(splitmix(state) % static_cast<uint64_t>(vocab - 3)));
+    while (static_cast<int64_t>(v.size()) < n) {
+      const auto id = 3 + static_cast<int32_t>(splitmix(state) % static_cast<uint64_t>(vocab - 3));
+      if (image == nullptr || id != image->token_id) v.push_back(id);
+    }
     return v;
   };
   std::vector<std::vector<PreferenceSample>> steps(static_cast<size_t>(o.warmup + o.steps));
   for (auto& step : steps) {
     for (int64_t p = 0; p < o.pairs; ++p) {
-      const std::vector<int32_t> prompt = ids(o.prompt);
+      std::vector<int32_t> prompt = ids(o.prompt);
+      if (image != nullptr) {  // 8 ids, the image's run, the rest
+        std::fill(prompt.begin() + 8, prompt.begin() + 8 + image->tokens, image->token_id);
+      }
       PreferenceSample s;
       for (Sample* side : {&s.chosen, &s.rejected}) {
         AnswerTokens a;
         a.ids = ids(o.answer);
         a.trained.assign(a.ids.size(), 1);
         *side = join_prompt_answer(prompt, a);
+        if (image != nullptr) {  // the same tensor in both rows of the pair
+          side->pixel_values = {image->image.pixel_values};
+          if (image->variable_size) side->image_grids = {image->image.grid_thw};
+          side->image_tokens = {image->tokens};
+        }
       }
       s.prompt_length = o.prompt;
       step.push_back(std::move(s));
@@ -102,6 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-seed", o.data_seed);
   app.add_option("--lora-rank", o.lora_rank);
   app.add_option("--lora-alpha", o.lora_alpha);
+  app.add_option("--image", o.image, "a JPEG/PNG each prompt holds (a vision-language model)");
   CLI11_PARSE(app, argc, argv);
   try {
     configure_threads(o.threads);
@@ -125,19 +156,36 @@ int main(int argc, char** argv) {
     }
     Trainer trainer(c, load_causal_lm(o.model));
     const DecoderConfig& mc = trainer.model()->config();
-    const auto data = make_pairs(o, mc.vocab_size);
+    std::optional<PromptImage> image;
+    if (!o.image.empty()) {
+      if (!mc.multimodal) fail<ConfigError>("--image needs a vision-language model; {} takes text only", o.model);
+      const ImageEncoding encoding = make_image_encoding(o.model, *mc.multimodal);
+      const PlannedImage planned = plan_image_file(o.image, encoding);
+      image = PromptImage{process_planned_image(planned, encoding), planned.tokens, encoding.image_token_id,
+                          encoding.processor->variable_size()};
+      if (image->tokens + 8 >= o.prompt) {
+        fail<ConfigError>("--prompt {} cannot hold the image's {} tokens after 8 ids", o.prompt, image->tokens);
+      }
+    }
+    const auto data = make_pairs(o, mc.vocab_size, image ? &*image : nullptr);
     const int64_t total = o.warmup + o.steps;
     const at::Device device = trainer.model()->device();
 
     // precompute_ref_log_probs: the reference sums of every step's pairs, before the timed steps.
     std::vector<SequenceLogps> precomputed(data.size());
     std::vector<PreferenceBatch> batches;
+    std::vector<Batch> sft_batches;  // the same rows, each with its own copy of its image
     for (size_t s = 0; s < data.size(); ++s) {
       std::vector<const PreferenceSample*> group;
+      std::vector<const Sample*> rows;
       for (const auto& p : data[s]) group.push_back(&p);
+      for (const auto& p : data[s]) rows.push_back(&p.chosen);
+      for (const auto& p : data[s]) rows.push_back(&p.rejected);
       batches.push_back(collate_preference(group, 0));
+      sft_batches.push_back(collate_padded(rows, 0));
       if (o.objective == "dpo-precomputed") {
-        precomputed[s] = reference_logps(trainer.model(), CausalLM(nullptr), batches.back().batch, false);
+        precomputed[s] = reference_logps(trainer.model(), CausalLM(nullptr), batches.back().batch, false,
+                                         {batches.back().images, 2});
       }
     }
     PreferenceOptions dpo;
@@ -155,8 +203,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       if (o.objective == "sft") {
         // The same rows as the pairs: every chosen row, then every rejected row, padded as one batch.
-        const Batch& b = batches[static_cast<size_t>(step)].batch;
-        trainer.step({b}, step, total);
+        trainer.step({sft_batches[static_cast<size_t>(step)]}, step, total);
       } else {
         StepResult r;
         trainer.begin_step(1);
@@ -164,8 +211,8 @@ int main(int argc, char** argv) {
         if (o.objective == "dpo") {
           // The reference forward pair_objective would run, timed on its own (the same work, in the same step).
           const auto r0 = std::chrono::steady_clock::now();
-          reference = reference_logps(trainer.model(), CausalLM(nullptr), batches[static_cast<size_t>(step)].batch,
-                                      false);
+          const PreferenceBatch& pb = batches[static_cast<size_t>(step)];
+          reference = reference_logps(trainer.model(), CausalLM(nullptr), pb.batch, false, {pb.images, 2});
           if (step >= o.warmup) {
             reference_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count());
           }
@@ -186,7 +233,8 @@ int main(int argc, char** argv) {
     const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
                                             : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
     const double tokens = static_cast<double>(2 * o.pairs * (o.prompt + o.answer));
-    Json out = {{"objective", o.objective}, {"model", o.model}, {"pairs", o.pairs}, {"prompt", o.prompt},
+    Json out = {{"objective", o.objective}, {"model", o.model}, {"image", o.image},
+                      {"image_tokens", image ? image->tokens : 0}, {"pairs", o.pairs}, {"prompt", o.prompt},
                       {"answer", o.answer}, {"threads", o.threads}, {"steps", o.steps},
                       {"step_s_median", median}, {"step_s_min", sorted.front()}, {"step_s_max", sorted.back()},
                       {"tokens_per_s", tokens / median}, {"peak_rss_mib", peak_rss_mib()},

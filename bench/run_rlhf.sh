@@ -15,6 +15,11 @@
 # Environment knobs (defaults in brackets):
 #   BUILD_DIR [build]  RUNS [3]  THREADS [2]  WARMUP [3]  STEPS [10]  PAIRS [2]  PROMPT [256]  ANSWER [256]
 #   MODEL [bench/models/bench25m]  PYTHON [/usr/bin/python3]
+#   IMAGE [unset] a JPEG/PNG each prompt holds, for a vision-language MODEL: with images, SFT trains each row with
+#   its own copy of the image and DPO encodes a prompt's image once for both answers. With IMAGE set, MODEL
+#   defaults to bench/models/bench25m-qwen2-vl (scripts/make_bench_qwen2_vl.py; coffee.jpg takes 580 tokens there)
+#   and PROMPT to 768:
+#     IMAGE=../shared/assets/images/coffee.jpg bash bench/run_rlhf.sh
 # PAIRS 2 x (PROMPT 256 + ANSWER 256) is the standard 4 x 512 training batch. About 5 minutes on the idle 2-core
 # dev machine.
 set -euo pipefail
@@ -27,6 +32,12 @@ THREADS=${THREADS:-2}
 WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-10}
 PAIRS=${PAIRS:-2}
+IMAGE=${IMAGE:-}
+if [[ -n $IMAGE ]]; then
+    PROMPT=${PROMPT:-768}
+    MODEL=${MODEL:-bench/models/bench25m-qwen2-vl}
+    [[ -f $IMAGE ]] || { echo "error: IMAGE $IMAGE not found" >&2; exit 1; }
+fi
 PROMPT=${PROMPT:-256}
 ANSWER=${ANSWER:-256}
 MODEL=${MODEL:-bench/models/bench25m}
@@ -44,12 +55,16 @@ for v in RUNS THREADS WARMUP STEPS PAIRS PROMPT ANSWER; do
     fi
 done
 if [[ ! -f $MODEL/config.json ]]; then
-    if [[ $MODEL != bench/models/bench25m ]]; then
-        echo "error: $MODEL/config.json not found" >&2
-        exit 1
-    fi
-    "$PYTHON" scripts/make_bench_model.py --out "$MODEL"
+    case $MODEL in
+        bench/models/bench25m) "$PYTHON" scripts/make_bench_model.py --out "$MODEL" ;;
+        bench/models/bench25m-qwen2-vl) "$PYTHON" scripts/make_bench_qwen2_vl.py --out "$MODEL" >&2 ;;
+        *) echo "error: $MODEL/config.json not found" >&2; exit 1 ;;
+    esac
 fi
+# Every side runs with the same BLAS settings (../shared/docs/BENCHMARKS.md).
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+IMAGE_ARGS=()
+[[ -z $IMAGE ]] || IMAGE_ARGS=(--image "$IMAGE")
 
 OUT=bench/results/rlhf-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
@@ -58,7 +73,7 @@ for run in $(seq 1 "$RUNS"); do
     for objective in sft dpo dpo-precomputed; do
         echo "run $run/$RUNS: $objective" >&2
         "$BENCH_BIN" --model "$MODEL" --objective "$objective" --pairs "$PAIRS" --prompt "$PROMPT" --answer "$ANSWER" \
-            --warmup "$WARMUP" --steps "$STEPS" --threads "$THREADS" | tee -a "$OUT/results.jsonl"
+            --warmup "$WARMUP" --steps "$STEPS" --threads "$THREADS" "${IMAGE_ARGS[@]}" | tee -a "$OUT/results.jsonl"
     done
 done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt"
@@ -73,8 +88,9 @@ def med(obj, key):
     return statistics.median(r[key] for r in by[obj])
 base_s, base_rss, base_t = med("sft", "step_s_median"), med("sft", "peak_rss_mib"), med("sft", "peak_tensor_mib")
 r0 = rows[0]
-print(f"bench25m LoRA r16, {r0['pairs']} pairs x ({r0['prompt']} prompt + {r0['answer']} answer) tokens = "
-      f"{2 * r0['pairs']} rows; {r0['threads']} threads; median of {len(by['sft'])} runs x {r0['steps']} steps")
+image = f", each prompt holding {r0['image']} ({r0['image_tokens']} image tokens)" if r0.get("image") else ""
+print(f"{r0['model']} LoRA r16, {r0['pairs']} pairs x ({r0['prompt']} prompt + {r0['answer']} answer) tokens = "
+      f"{2 * r0['pairs']} rows{image}; {r0['threads']} threads; median of {len(by['sft'])} runs x {r0['steps']} steps")
 print()
 print("| objective | step s (median, min-max of runs) | x SFT | of which reference forward s | peak RSS MiB | x SFT | peak tensor MiB | x SFT |")
 print("|---|---|---|---|---|---|---|---|")

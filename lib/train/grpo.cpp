@@ -275,17 +275,28 @@ CompletionBatch collate_completions(const std::vector<const std::vector<int64_t>
     for (int64_t t = 0; t < P + L; ++t) valid[r][t] = true;
     b.tokens += P + L;
   }
-  std::vector<at::Tensor> pixels, grids;  // the rows' images in row order
-  for (const ImageInputs* i : images) {
+  // Each prompt's images once (rows of one prompt point at the same ImageInputs), and every row's grids in order.
+  std::vector<const ImageInputs*> sets;
+  std::vector<at::Tensor> grids;
+  size_t with_grid = 0, with_images = 0;
+  b.row_image_set.assign(static_cast<size_t>(rows), -1);
+  for (size_t r = 0; r < images.size(); ++r) {
+    const ImageInputs* i = images[r];
     if (i == nullptr || i->empty()) continue;
-    pixels.push_back(i->pixel_values);
-    if (i->image_grid_thw.defined()) grids.push_back(i->image_grid_thw);
+    ++with_images;
+    auto it = std::find(sets.begin(), sets.end(), i);
+    if (it == sets.end()) it = sets.insert(sets.end(), i);
+    b.row_image_set[r] = static_cast<int64_t>(it - sets.begin());
+    if (i->image_grid_thw.defined()) {
+      grids.push_back(i->image_grid_thw);
+      ++with_grid;
+    }
   }
-  if (!grids.empty() && grids.size() != pixels.size()) {
+  if (with_grid != 0 && with_grid != with_images) {
     fail<ConfigError>("collate_completions: fixed-size and variable-size images in one batch");
   }
-  if (!pixels.empty()) b.images.pixel_values = at::cat(pixels);  // [N, C, H, W] | [sum of patches, C T P P]
-  if (!grids.empty()) b.images.image_grid_thw = at::cat(grids);  // [N, 3]
+  for (const ImageInputs* i : sets) b.image_sets.push_back(*i);
+  if (!grids.empty()) b.image_grid_thw = at::cat(grids);  // [N, 3]
   return b;
 }
 
@@ -293,8 +304,28 @@ CompletionLogps completion_logps(CausalLM& model, const CompletionBatch& b, doub
   const at::Device device = model->device();
   ForwardOptions fo;
   fo.key_valid = b.key_valid.to(device);
-  if (!b.images.empty()) fo.pixel_values = b.images.pixel_values.to(device);
-  fo.image_grid_thw = b.images.image_grid_thw;  // [N, 3] with variable-size images (M-RoPE positions too)
+  if (!b.image_sets.empty()) {
+    // One tower call for every set, then each row takes its set's features: a prompt's images are encoded once
+    // for its G completions.
+    if (!model->vision()) fail<ConfigError>("images given to the {} model, which takes text only", model->config().model_type);
+    std::vector<at::Tensor> pixels, grids;
+    std::vector<int64_t> positions;  // per set
+    for (const ImageInputs& set : b.image_sets) {
+      pixels.push_back(set.pixel_values);
+      if (set.image_grid_thw.defined()) grids.push_back(set.image_grid_thw);
+      positions.push_back(model->vision()->feature_rows(set.pixel_values, set.image_grid_thw));
+    }
+    const at::Tensor encoded = model->vision()->encode(at::cat(pixels).to(device),
+                                                       grids.empty() ? at::Tensor() : at::cat(grids));
+    const std::vector<at::Tensor> per_set =
+        encoded.reshape({-1, encoded.size(-1)}).split_with_sizes(positions);  // [positions of set k, D]
+    std::vector<at::Tensor> rows;
+    for (const int64_t k : b.row_image_set) {
+      if (k >= 0) rows.push_back(per_set[static_cast<size_t>(k)]);
+    }
+    fo.image_features = at::cat(rows);  // [positions of every row, D]
+  }
+  fo.image_grid_thw = b.image_grid_thw;  // [N, 3] with variable-size images (M-RoPE positions too)
   const at::Tensor hidden = model->hidden_states(b.input_ids.to(device), fo);  // [R, T, D]
   const HeadLogps head = head_logps(model, hidden, b.targets, false, temperature, entropy);
   const at::Tensor index = b.index.to(device);  // [R, C]

@@ -108,7 +108,11 @@ struct CompletionBatch {
   at::Tensor index;      // [R, C] int64: the position predicting completion token c (0 where c is not counted)
   at::Tensor mask;       // [R, C] float32: 1 for counted tokens; C = the longest count
   int64_t tokens = 0;    // real (non-padding) tokens
-  ImageInputs images;    // the rows' prompt images in row order (a prompt's G rows each hold them); empty without
+  /// The prompts' images, each prompt's once (its G rows share them): row r holds image_sets[row_image_set[r]]
+  /// (-1: none). The training forward encodes each set once and gives its features to every row that holds it.
+  std::vector<ImageInputs> image_sets;
+  std::vector<int64_t> row_image_set;  // [R]
+  at::Tensor image_grid_thw;           // [N, 3] every row's grids in row order (variable-size images: M-RoPE)
 };
 
 /// Rows of `prompts[r]` + the first `counted[r]` tokens of `completions[r]`, padded with `pad_id`, with the images
@@ -121,7 +125,8 @@ CompletionBatch collate_completions(const std::vector<const std::vector<int64_t>
 
 /// Per-token log-probs [R, C] float32 of a batch's completion tokens under `model` at `temperature` (TRL's
 /// logits / temperature, log-softmax, gathered), with autograd as the caller has it; with `entropy`, also the
-/// entropy of each position's scaled distribution [R, C] (detached).
+/// entropy of each position's scaled distribution [R, C] (detached). The tower runs once for all of the batch's
+/// image sets.
 struct CompletionLogps {
   at::Tensor logps;
   at::Tensor entropy;

@@ -468,6 +468,27 @@ TEST(MmRlhfCli, PreferenceMethodsTrainOnImagePairsAndDpoResumesExactly) {
   const auto llava = run_cli(mm_rlhf_args(llava_dir() / "tiny-llava", data, base / "llava",
                                           "rlhf_type=dpo max_steps=2 save_steps=2 eval_steps=2"));
   ASSERT_EQ(llava.code, 0) << llava.out;
+  // Two processes (each its share of every step's pairs, images included) train as one with accumulation.
+  const std::string common = "rlhf_type=dpo max_steps=3 save_steps=3 eval_steps=100 lora_dropout=0 ddp_timeout=30";
+  const auto one = run_cli(mm_rlhf_args(qwen2_vl_dir(), data, base / "one", common + " gradient_accumulation_steps=2"));
+  ASSERT_EQ(one.code, 0) << one.out;
+  std::string two_args = mm_rlhf_args(qwen2_vl_dir(), data, base / "two", common);
+  two_args.replace(two_args.find(" rlhf "), 6, " rlhf --nproc-per-node 2 ");
+  const auto two = run_cli(two_args);
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto step_losses = [](const fs::path& run) {
+    std::vector<double> out;
+    std::istringstream in(read_text_file(run / "logging.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const Json j = Json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  const std::vector<double> la = step_losses(only_run(base / "one")), lb = step_losses(only_run(base / "two"));
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 + 1e-5 * std::abs(la[i])) << "step " << i + 1;
   const auto text = run_cli(mm_rlhf_args(stories_dir(), data, base / "text", "rlhf_type=dpo"));
   EXPECT_NE(text.code, 0);
   EXPECT_NE(text.out.find("pairs.jsonl:1"), std::string::npos) << text.out;
