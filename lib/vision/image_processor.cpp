@@ -222,7 +222,29 @@ std::shared_ptr<const ImageProcessor> load_image_processor(const fs::path& model
   if (fixed_tokens < 1) {
     fail<ConfigError>("{}: CLIPImageProcessor needs a model with a fixed number of tokens per image", path.string());
   }
-  return std::make_shared<ClipProcessor>(parse_image_processor_config(json), fixed_tokens);
+  const ImageProcessorConfig config = parse_image_processor_config(json);
+  // The tower embeds images of one size: the processor's output (the crop, or with do_center_crop off a resize to
+  // a fixed height and width) must be the tower's vision_config.image_size square.
+  const fs::path model_config = model_dir / "config.json";
+  if (fs::exists(model_config)) {
+    const JsonObject model = JsonObject::load(model_config);
+    if (model.has("vision_config") && model.raw().at("vision_config").is_object()) {
+      const JsonObject vision(model.raw().at("vision_config"), model_config.string());
+      const int64_t side = vision.get_or<int64_t>("image_size", 224);  // CLIPVisionConfig's default
+      if (config.do_center_crop) {
+        if (config.crop_height != side || config.crop_width != side) {
+          fail<ConfigError>("{}: 'crop_size' {}x{} (the processor's output; 224x224 when the key is absent) disagrees "
+                            "with {}: 'vision_config.image_size' {} (the tower embeds images of that size)",
+                            path.string(), config.crop_height, config.crop_width, model_config.string(), side);
+        }
+      } else if (!config.do_resize || config.resize_height != side || config.resize_width != side) {
+        fail<ConfigError>("{}: with 'do_center_crop' false the processor must resize to 'size' {{\"height\": {}, "
+                          "\"width\": {}}}, the tower's {}: 'vision_config.image_size' (images of any other or varying "
+                          "size cannot be embedded)", path.string(), side, side, model_config.string());
+      }
+    }
+  }
+  return std::make_shared<ClipProcessor>(config, fixed_tokens);
 }
 
 }  // namespace swiftcpp::vision

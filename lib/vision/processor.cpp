@@ -286,14 +286,16 @@ Resample parse_resample(const JsonObject& json, Resample fallback) {
 }
 
 namespace {
-// `image_mean` / `image_std`: a list of 3 finite numbers, or one number for all channels.
-void parse_channels(const JsonObject& json, const std::string& key, std::array<double, 3>& out, bool nonzero) {
+// `image_mean` / `image_std`: a list of 3 numbers, or one number for all channels, each in [low, high]: a mean
+// within +-1e4, a std in [1e-4, 1e4] (a pixel (x - mean) / std stays far inside float32 and of one sign per channel).
+void parse_channels(const JsonObject& json, const std::string& key, std::array<double, 3>& out, double low,
+                    double high) {
   if (!json.has(key)) return;
   const Json& value = json.raw().at(key);
   auto number = [&](const Json& v) {
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || (nonzero && v.get<double>() == 0.0)) {
-      fail<ConfigError>("{}: key '{}' must be {}a list of 3 finite {}numbers, got {}", json.origin(), key,
-                        "a number or ", nonzero ? "non-zero " : "", describe_json(value));
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < low || v.get<double>() > high) {
+      fail<ConfigError>("{}: key '{}' must be a number or a list of 3 numbers in [{:g}, {:g}], got {}", json.origin(),
+                        key, low, high, describe_json(value));
     }
     return v.get<double>();
   };
@@ -311,12 +313,15 @@ void parse_pixel_settings(const JsonObject& json, bool& do_rescale, double& resc
                           std::array<double, 3>& image_mean, std::array<double, 3>& image_std, bool& do_convert_rgb) {
   do_rescale = json.get_or<bool>("do_rescale", do_rescale);
   rescale_factor = json.get_or<double>("rescale_factor", rescale_factor);
-  if (!std::isfinite(rescale_factor)) {
-    fail<ConfigError>("{}: key 'rescale_factor' must be a finite number, got {}", json.origin(), rescale_factor);
+  // The factor maps 8-bit values into a bounded range (1/255 maps them onto [0, 1]); 0, a negative factor or a huge
+  // one would turn every image into zeros, flip it, or overflow float32.
+  if (do_rescale && (!std::isfinite(rescale_factor) || rescale_factor <= 0 || rescale_factor > 1)) {
+    fail<ConfigError>("{}: key 'rescale_factor' must be in (0, 1] (1/255 = 0.00392 maps 8-bit values onto [0, 1]), "
+                      "got {}", json.origin(), rescale_factor);
   }
   do_normalize = json.get_or<bool>("do_normalize", do_normalize);
-  parse_channels(json, "image_mean", image_mean, false);
-  parse_channels(json, "image_std", image_std, true);
+  parse_channels(json, "image_mean", image_mean, -1e4, 1e4);
+  parse_channels(json, "image_std", image_std, 1e-4, 1e4);
   do_convert_rgb = json.get_or<bool>("do_convert_rgb", do_convert_rgb);
 }
 

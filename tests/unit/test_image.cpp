@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "tests/test_util.h"
 #include "vision/image.h"
+#include "vision/image_processor.h"
 #include "vision/processor.h"
 
 namespace swiftcpp::vision {
@@ -777,8 +778,14 @@ TEST(ImageProcessor, ConfigErrorsNameTheFileAndKey) {
       {R"({"resample": "bicubic"})", {"pp.json", "resample", "integer"}},
       {R"({"do_resize": "yes"})", {"pp.json", "do_resize", "boolean"}},
       {R"({"image_mean": [0.5, 0.5]})", {"pp.json", "image_mean", "3"}},
-      {R"({"image_std": [0.5, 0, 0.5]})", {"pp.json", "image_std", "non-zero"}},
+      {R"({"image_std": [0.5, 0, 0.5]})", {"pp.json", "image_std", "[0.0001, 10000]"}},
+      {R"({"image_std": [-0.2, 0.2, 0.2]})", {"pp.json", "image_std", "[0.0001, 10000]"}},
+      {R"({"image_std": 1e-300})", {"pp.json", "image_std"}},
+      {R"({"image_mean": [1e308, 0, 0]})", {"pp.json", "image_mean", "[-10000, 10000]"}},
       {R"({"rescale_factor": "1/255"})", {"pp.json", "rescale_factor"}},
+      {R"({"rescale_factor": 0})", {"pp.json", "rescale_factor", "(0, 1]"}},
+      {R"({"rescale_factor": -0.004})", {"pp.json", "rescale_factor", "(0, 1]"}},
+      {R"({"rescale_factor": 1e308})", {"pp.json", "rescale_factor", "(0, 1]"}},
       {R"({"image_processor_type": "SiglipImageProcessor"})",
        {"pp.json", "SiglipImageProcessor", "CLIPImageProcessor"}},
       {R"({"image_processor_type": 3})", {"pp.json", "image_processor_type"}},
@@ -787,6 +794,30 @@ TEST(ImageProcessor, ConfigErrorsNameTheFileAndKey) {
     SCOPED_TRACE(text);
     expect_error<ConfigError>([&] { parse(text); }, needles);
   }
+}
+
+// The tower embeds images of one size: a CLIP processor whose output is another size (a missing crop_size is
+// CLIP's 224, a 1x1 crop, or no crop after a shortest-edge resize) is refused naming both files and keys, instead
+// of failing at the first forward. A rescale factor the processor does not apply is not checked.
+TEST(ImageProcessor, OutputSizeMustBeTheTowersImageSize) {
+  const fs::path dir = test::temp_dir("clip_tower_size");
+  write_file_atomic(dir / "config.json", R"({"vision_config": {"image_size": 56}})");
+  const auto load = [&](const std::string& processor) {
+    write_file_atomic(dir / "preprocessor_config.json", processor);
+    return load_image_processor(dir, 16);
+  };
+  EXPECT_NO_THROW(load(R"({"crop_size": {"height": 56, "width": 56}, "size": {"shortest_edge": 56}})"));
+  EXPECT_NO_THROW(load(R"({"do_center_crop": false, "size": {"height": 56, "width": 56}})"));
+  EXPECT_NO_THROW(load(R"({"crop_size": 56, "do_rescale": false, "rescale_factor": 0})"));
+  const std::string pp = (dir / "preprocessor_config.json").string(), cfg = (dir / "config.json").string();
+  expect_error<ConfigError>([&] { load(R"({"size": {"shortest_edge": 56}})"); },
+                            {pp, "'crop_size' 224x224", cfg, "vision_config.image_size' 56"});
+  expect_error<ConfigError>([&] { load(R"({"crop_size": {"height": 1, "width": 1}})"); }, {pp, "1x1", cfg});
+  expect_error<ConfigError>([&] { load(R"({"do_center_crop": false, "size": {"shortest_edge": 56}})"); },
+                            {pp, "do_center_crop", "\"height\": 56", cfg});
+  // Without a vision_config the tower's default (CLIPVisionConfig: 224) applies.
+  write_file_atomic(dir / "config.json", R"({"model_type": "llava"})");
+  EXPECT_NO_THROW(load(R"({"crop_size": 224})"));
 }
 
 TEST(ImageProcessor, MalformedImagesAreRefused) {

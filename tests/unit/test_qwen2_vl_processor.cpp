@@ -308,7 +308,8 @@ TEST(Qwen2VLProcessor, ConfigErrorsNameTheFileAndKey) {
       {R"({"resample": 1})", {"pp.json", "'resample'", "lanczos"}},
       {R"({"do_resize": "yes"})", {"pp.json", "'do_resize'"}},
       {R"({"rescale_factor": "0.5"})", {"pp.json", "'rescale_factor'"}},
-      {R"({"image_std": [0.5, 0, 0.5]})", {"pp.json", "'image_std'", "non-zero"}},
+      {R"({"image_std": [0.5, 0, 0.5]})", {"pp.json", "'image_std'", "[0.0001, 10000]"}},
+      {R"({"rescale_factor": 0})", {"pp.json", "'rescale_factor'", "(0, 1]"}},
       {R"({"image_mean": [0.5, 0.5]})", {"pp.json", "'image_mean'"}},
       {R"({"image_processor_type": "CLIPImageProcessor"})", {"pp.json", "CLIPImageProcessor", "Qwen2VL"}},
   };
