@@ -42,6 +42,7 @@ struct EvalCliOptions {
   std::string output_dir;
   bool log_samples = false;
   std::string dump_requests;
+  bool overwrite = false;
   uint64_t seed = 1234;
   std::string device = "cpu";
   std::string dtype = "float32";
@@ -63,6 +64,11 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   // folder they go in must be a folder.
   if (!o.dump_requests.empty()) check_output_file(o.dump_requests, "--dump-requests");
   if (!o.output_dir.empty()) check_output_folder(o.output_dir, "--output-dir");
+  // One rule for every writer: an existing output is replaced only with --overwrite, refused before any work.
+  refuse_existing_output(o.dump_requests, "--dump-requests", o.overwrite);
+  if (!o.output_dir.empty()) {
+    refuse_existing_output((fs::path(o.output_dir) / "results.json").string(), "--output-dir's", o.overwrite);
+  }
   if (o.add_bos != "auto" && o.add_bos != "true" && o.add_bos != "false") {
     fail<ConfigError>("--add-bos must be auto, true or false, got '{}'", o.add_bos);
   }
@@ -251,6 +257,7 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
   cmd->add_flag("--apply-chat-template", o->apply_chat_template, "Pose each prompt as a user turn of the chat template");
   cmd->add_option("--template", o->chat_template, "Chat template name for --apply-chat-template (default: the checkpoint's)");
   cmd->add_option("--output-dir", o->output_dir, "Write results.json (and samples_<task>.jsonl) here");
+  cmd->add_flag("--overwrite", o->overwrite, "Replace an existing --output-dir results.json or --dump-requests file");
   cmd->add_flag("--log-samples", o->log_samples, "Write per-item records (prompt, choices, log-likelihoods, prediction)");
   cmd->add_option("--dump-requests", o->dump_requests,
                   "Write the token ids of every request scored: multiple-choice items and perplexity windows (JSON Lines: "

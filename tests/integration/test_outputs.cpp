@@ -250,8 +250,18 @@ TEST(OutputsCli, EvalFailingOnBadInputLeavesEarlierResults) {
   ASSERT_EQ(run_limited(eval + (dir / "ppl.txt").string()).code, 0);
   const std::string results = read_text_file(dir / "results" / "results.json");
   const std::string requests = read_text_file(dir / "requests.jsonl");
-  const auto r = run_limited(eval + (dir / "missing.txt").string());
+  // An existing results.json or requests file is refused before any work without --overwrite (one rule for every
+  // writer), and with it a run that fails on bad input still leaves both as they were.
+  const auto kept = run_limited(eval + (dir / "ppl.txt").string());
+  EXPECT_NE(kept.code, 0);
+  EXPECT_NE(kept.out.find("requests.jsonl exists (pass --overwrite"), std::string::npos) << kept.out;
+  const auto kept_results = run_limited("--threads 1 eval --model " + stories() + " --max-length 64 --output-dir " +
+                                        (dir / "results").string() + " --tasks perplexity=" + (dir / "ppl.txt").string());
+  EXPECT_NE(kept_results.code, 0);
+  EXPECT_NE(kept_results.out.find("results.json exists (pass --overwrite"), std::string::npos) << kept_results.out;
+  const auto r = run_limited(eval + (dir / "missing.txt").string() + " --overwrite");
   EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
   EXPECT_EQ(read_text_file(dir / "results" / "results.json"), results);
   EXPECT_EQ(read_text_file(dir / "requests.jsonl"), requests);
   EXPECT_EQ(names_in(dir / "results"), (std::set<std::string>{"results.json"}));
