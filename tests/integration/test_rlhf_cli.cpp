@@ -410,6 +410,24 @@ TEST(GrpoCli, TheDemoRecipeLearnsToNameItsHeroes) {
   EXPECT_GE(eval[10] - eval[0], 0.3) << "eval_reward " << eval[0] << " -> " << eval[10];
 }
 
+// The preference recipe as shipped learns what a newcomer can see: held-out pairs (story openings never trained on)
+// go from tied rewards to the chosen answer preferred in every pair.
+TEST(RlhfCli, TheDpoRecipeAsShippedLearnsOnHeldOutPairs) {
+  const fs::path out = test::temp_dir("dpo_recipe");
+  const auto r = run_cli(fmt::format("--threads 1 rlhf --recipe recipes/dpo.yaml output_dir={}", out.string()),
+                         fmt::format("cd '{}' &&", source_dir().string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::map<int64_t, Json> eval;
+  for (const Json& j : records(only_run_dir(out))) {
+    if (j.contains("eval_loss")) eval[j["global_step"].get<int64_t>()] = j;
+  }
+  ASSERT_GE(eval.size(), 2u);
+  EXPECT_NEAR(eval.begin()->second["eval_loss"].get<double>(), std::log(2.0), 1e-4);  // policy = reference
+  const Json& last = eval.rbegin()->second;
+  EXPECT_GE(last["eval_rewards/accuracies"].get<double>(), 0.9) << last.dump();
+  EXPECT_GT(last["eval_rewards/margins"].get<double>(), 1.0) << last.dump();
+}
+
 TEST(GrpoCli, BadKeysAndAFailingRewardCommandStopWithTheirReason) {
   const fs::path base = test::temp_dir("grpo_bad");
   struct Case {
