@@ -1,7 +1,7 @@
-// Modelled comparison of the Skrull schedulers (lib/dist/skrull.h) at the scale of LONG_CONTEXT.md section 3:
+// Modelled comparison of the Skrull schedulers (lib/distributed/skrull.h) at the scale of LONG_CONTEXT.md section 3:
 // no training runs, only the cost model. Prints markdown tables.
 //
-//   g++ -std=c++17 -O2 -DFMT_HEADER_ONLY=1 -I lib -I . bench/skrull_model.cpp lib/dist/skrull.cpp -o /tmp/skrull_model
+//   g++ -std=c++17 -O2 -DFMT_HEADER_ONLY=1 -I lib -I . bench/skrull_model.cpp lib/distributed/skrull.cpp -o /tmp/skrull_model
 //   /tmp/skrull_model [--profile FILE.json] [--batch-size 128] [--batches 20] [--seed 1]
 //
 // Settings: Qwen2.5-0.5B-like (h 896, 24 layers, 2 KV heads x 64) at DP 4 x CP 8, C = 26K tokens per rank;
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/skrull.h"
+#include "distributed/skrull.h"
 
 using namespace swiftcpp;
 using namespace swiftcpp::skrull;

@@ -5,17 +5,6 @@
 
 namespace swiftcpp {
 
-const char* row_format_name(RowFormat format) {
-  switch (format) {
-    case RowFormat::kMessages: return "messages";
-    case RowFormat::kShareGpt: return "sharegpt";
-    case RowFormat::kAlpaca: return "alpaca";
-    case RowFormat::kQueryResponse: return "query-response";
-    case RowFormat::kText: return "text";
-  }
-  return "?";
-}
-
 namespace {
 
 [[noreturn]] void bad(const std::string& where, const std::string& reason, const std::string& detail = "") {

@@ -17,7 +17,6 @@ namespace swiftcpp {
 
 /// The form a row was recognised as.
 enum class RowFormat { kMessages, kShareGpt, kAlpaca, kQueryResponse, kText };
-const char* row_format_name(RowFormat format);
 
 /// One training example: a conversation (for a chat template) or plain text (continued pre-training: loss on
 /// every token, no template).

@@ -146,13 +146,6 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string safetensors_dtype_name(at::ScalarType dtype) {
-  for (const auto& d : kDtypes)
-    if (d.type == dtype) return d.name;
-  fail<FormatError>("dtype {} cannot be stored in safetensors (supported: {})", c10::toString(dtype),
-                    kSupportedDtypes);
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // SafetensorsFile
 

@@ -34,10 +34,6 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
-/// The safetensors dtype string ("F32", "BF16", ...) of a ScalarType. Throws FormatError when safetensors
-/// files written by swiftcpp cannot hold that type.
-std::string safetensors_dtype_name(at::ScalarType dtype);
-
 /// A read-only view of one .safetensors file. The file is mapped privately and writably (MAP_PRIVATE,
 /// PROT_READ | PROT_WRITE), so the tensors it hands out are copy-on-write: writing to them never touches the
 /// file and never faults.

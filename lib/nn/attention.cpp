@@ -587,8 +587,6 @@ void set_attention_backend(AttentionBackend backend) {
   g_backend = backend;
 }
 
-AttentionBackend attention_backend() { return g_backend; }
-
 void set_recompute_attention(bool on) { g_recompute = on; }
 void set_small_head_dim(int64_t max_dim) {
   if (max_dim < 0) throw ConfigError("small-head attention: head dimension limit " + std::to_string(max_dim) + " < 0");
@@ -600,7 +598,6 @@ void set_max_whole_scores(int64_t scores) {
   g_max_whole_scores = scores;
 }
 int64_t max_whole_scores() { return g_max_whole_scores.load(); }
-bool recompute_attention() { return g_recompute; }
 
 at::Tensor attention_blocks(const at::Tensor& q, at::TensorList keys, at::TensorList values, const at::Tensor& mask,
                             int64_t workspace_elements, const ScoreOptions& score) {

@@ -19,7 +19,6 @@ bool sdpa_available();
 /// Sets the backend used by attention() process-wide; kAuto picks SDPA where available. Throws
 /// ConfigError when kSdpa is asked for on a LibTorch without it.
 void set_attention_backend(AttentionBackend backend);
-AttentionBackend attention_backend();
 
 /// How raw attention scores are formed before the mask: s = q k^T * scale, then, with softcap > 0,
 /// softcap * tanh(s / softcap) (Gemma 2's attn_logit_softcapping).
@@ -55,7 +54,6 @@ bool attention_tiles_per_row(int64_t heads, int64_t queries, int64_t keys);
 /// Whether attention() itself uses the recomputing kernel of attention_blocks while autograd records (training on
 /// the math backend); on by default. Process-wide.
 void set_recompute_attention(bool on);
-bool recompute_attention();
 
 /// Heads of at most this many dimensions train (attention_blocks, float32 on the CPU, no score cap) with row
 /// kernels that never form the [T, S] scores (kernels::attention_rows_forward/backward).

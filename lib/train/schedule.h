@@ -1,5 +1,5 @@
 // Skrull scheduling in training: which samples of one global batch each data-parallel rank trains, in which
-// micro-batch (lib/dist/skrull.h decides; this file feeds it the model's shape and a device profile measured on
+// micro-batch (lib/distributed/skrull.h decides; this file feeds it the model's shape and a device profile measured on
 // the machine at hand, and turns its plan into packed micro-batches).
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
-#include "dist/skrull.h"
+#include "distributed/comm.h"
+#include "distributed/skrull.h"
 #include "models/decoder/config.h"
 
 namespace swiftcpp {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "data/collate.h"
-#include "dist/comm.h"
-#include "dist/context_parallel.h"
-#include "dist/reducer.h"
+#include "distributed/comm.h"
+#include "distributed/context_parallel.h"
+#include "distributed/reducer.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "train/chunkflow.h"

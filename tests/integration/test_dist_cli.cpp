@@ -9,7 +9,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "dist/skrull.h"
+#include "distributed/skrull.h"
 #include "io/safetensors.h"
 #include "tests/test_util.h"
 

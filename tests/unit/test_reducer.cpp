@@ -1,12 +1,12 @@
-// The overlapped gradient reduction (lib/dist/reducer.h) in a one-process Gloo group: buckets start during the
+// The overlapped gradient reduction (lib/distributed/reducer.h) in a one-process Gloo group: buckets start during the
 // armed backward, the sums are the accumulated gradients, and a tensor without a gradient keeps none.
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
 
 #include "core/error.h"
-#include "dist/comm.h"
-#include "dist/context_parallel.h"
-#include "dist/reducer.h"
+#include "distributed/comm.h"
+#include "distributed/context_parallel.h"
+#include "distributed/reducer.h"
 #include "tests/tensor_util.h"
 
 namespace swiftcpp {

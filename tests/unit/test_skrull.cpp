@@ -1,4 +1,4 @@
-// Skrull data scheduling (lib/dist/skrull.h): plan invariants for every scheduler on many random mixes of each
+// Skrull data scheduling (lib/distributed/skrull.h): plan invariants for every scheduler on many random mixes of each
 // LONG_CONTEXT.md distribution (every token once, per-rank memory within budget, nothing longer than the budget kept
 // local, chunk pieces together and in order), roll-back, over-budget handling, determinism, planning time, the cost
 // model against hand-computed numbers, DeviceProfile JSON, and the modelled ranking at the paper settings.
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/skrull.h"
+#include "distributed/skrull.h"
 
 namespace swiftcpp {
 namespace {

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 #include "nn/attention.h"
 
 namespace swiftcpp::dist {

@@ -1,4 +1,4 @@
-#include "dist/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 
 namespace swiftcpp::dist {
 

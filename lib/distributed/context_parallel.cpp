@@ -1,4 +1,4 @@
-#include "dist/context_parallel.h"
+#include "distributed/context_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

@@ -1,4 +1,4 @@
-#include "dist/skrull.h"
+#include "distributed/skrull.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "dist/reducer.h"
+#include "distributed/reducer.h"
 
 #include <ATen/ATen.h>
 
