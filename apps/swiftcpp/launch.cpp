@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -159,6 +160,35 @@ int launch_workers(const LaunchOptions& o, const std::vector<std::string>& worke
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return result;
+}
+
+namespace {
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi) {
+    fail<ConfigError>("environment variable {}={} is not an integer in [{}, {}]", name, v, lo, hi);
+  }
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+dist::DistEnv read_dist_environment() {
+  dist::DistEnv env;
+  env.world_size = env_int("WORLD_SIZE", 1, 1, 1 << 20);
+  env.rank = env_int("RANK", 0, 0, env.world_size - 1);
+  env.local_rank = env_int("LOCAL_RANK", env.rank, 0, 1 << 20);
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') env.master_addr = a;
+  env.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
+  if (env.world_size > 1 && std::getenv("RANK") == nullptr) {
+    fail<ConfigError>("WORLD_SIZE is {} but RANK is not set: start workers with torchrun, srun or swiftcpp train "
+                      "--nproc-per-node", env.world_size);
+  }
+  return env;
 }
 
 }  // namespace swiftcpp::app

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "distributed/comm.h"
+
 namespace swiftcpp::app {
 
 struct LaunchOptions {
@@ -21,6 +23,11 @@ struct LaunchOptions {
 /// code: 0 when every worker exits 0, else the first failure's (128 + signal for a worker killed by a signal).
 /// Throws ConfigError for bad options and IoError when a worker cannot be started.
 int launch_workers(const LaunchOptions& options, const std::vector<std::string>& worker_argv);
+
+/// This worker's torchrun environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (torchrun, srun
+/// wrappers and the launcher above set them). Without WORLD_SIZE: one process (rank 0 of 1). Throws ConfigError
+/// naming the variable when one is malformed, RANK is outside [0, WORLD_SIZE), or WORLD_SIZE > 1 without RANK.
+dist::DistEnv read_dist_environment();
 
 /// `argv` without the launcher's own options (--nproc-per-node, --nnodes, --node-rank, --master-addr,
 /// --master-port, as "--opt value" or "--opt=value").

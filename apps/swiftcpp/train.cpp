@@ -108,12 +108,12 @@ int run_train(const TrainOptions& o, const std::vector<std::string>& command_lin
   hooks.columns = terminal_columns(stderr);
   hooks.stop = &g_stop;
   hooks.command_line = command_line;
+  hooks.dist_env = read_dist_environment();
   const TrainResult result = !o.rlhf                     ? run_training(config, hooks)
                              : config.rlhf_type == "grpo" ? run_grpo(config, hooks)
                                                           : run_rlhf(config, hooks);
   g_graceful = false;
-  const char* rank = std::getenv("RANK");
-  if (rank == nullptr || std::string(rank) == "0") std::cout << result.last_checkpoint.string() << std::endl;
+  if (hooks.dist_env.rank == 0) std::cout << result.last_checkpoint.string() << std::endl;
   if (result.interrupted) return 128 + g_signal.load();
   return 0;
 }

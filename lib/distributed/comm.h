@@ -13,7 +13,8 @@
 
 namespace swiftcpp::dist {
 
-/// The torchrun environment of one worker.
+/// The torchrun environment of one worker (apps/swiftcpp reads it: read_dist_environment; lib/ never reads the
+/// environment).
 struct DistEnv {
   int rank = 0;
   int world_size = 1;
@@ -21,11 +22,6 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
 };
-
-/// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (torchrun, srun wrappers and `swiftcpp train
-/// --nproc-per-node` set them). Without WORLD_SIZE: one process (rank 0 of 1). Throws ConfigError naming the
-/// variable when one is malformed or RANK is outside [0, WORLD_SIZE).
-DistEnv read_env();
 
 /// One worker's membership in the job: rendezvous and collectives, each bounded by `timeout`, so a rank that
 /// dies or hangs makes the others fail with DistributedError instead of waiting forever.

@@ -311,8 +311,9 @@ TrainResult run_job(const TrainConfig& config_in, const TrainHooks& hooks, const
   job.config = config_in;
   TrainConfig& config = job.config;
   validate_train_config(config);
-  // Several processes (torchrun environment): data parallel over a c10d group; rank 0 logs and writes.
-  const dist::DistEnv env = dist::read_env();
+  // Several processes (the torchrun environment, read by the caller): data parallel over a c10d group; rank 0 logs
+  // and writes.
+  const dist::DistEnv& env = hooks.dist_env;
   at::Device device = parse_device(config.device);
   if (device.is_cuda() && env.world_size > 1) device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   job.device = device;

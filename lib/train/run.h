@@ -41,6 +41,7 @@ struct TrainHooks {
   int columns = 0;  // terminal width for the bar (0: unknown)
   const std::atomic<bool>* stop = nullptr;
   std::vector<std::string> command_line;  // recorded in args.json
+  dist::DistEnv dist_env;  // this process's place in a multi-process job (the default: the only process)
 };
 
 /// What a task is given when the job makes it: the resolved recipe, the loaded model and tokenizer (the task may
