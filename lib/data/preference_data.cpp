@@ -25,7 +25,6 @@ namespace {
 // The largest |margin| a reward-model row may carry.
 constexpr double kMaxMargin = 1e4;
 
-
 [[noreturn]] void bad(const std::string& where, const std::string& reason, const std::string& detail = "") {
   throw BadRowError(where, reason, detail);
 }
@@ -551,9 +550,24 @@ PreferenceBatch collate_preference(const std::vector<const PreferenceSample*>& p
   for (const PreferenceSample* p : pairs) rows.push_back(&p->chosen);
   for (const PreferenceSample* p : pairs) rows.push_back(&p->rejected);
   PreferenceBatch out;
+  // The chosen rows' images serve the rejected rows too: stacked once, and the rows collated from copies of their
+  // ids and labels without images (stacking every row's images would copy each twice, to be dropped).
   out.images = batch_images(std::vector<const Sample*>(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(pairs.size())));
-  out.batch = collate_padded(rows, pad_id);  // [2B, T]
-  out.batch.pixel_values = at::Tensor();     // the chosen rows' images serve the rejected rows too: out.images
+  if (out.images.empty()) {
+    out.batch = collate_padded(rows, pad_id);  // [2B, T]
+  } else {
+    std::vector<Sample> ids_only(rows.size());
+    std::vector<const Sample*> stripped;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ids_only[i].input_ids = rows[i]->input_ids;
+      ids_only[i].labels = rows[i]->labels;
+      stripped.push_back(&ids_only[i]);
+    }
+    out.batch = collate_padded(stripped, pad_id);  // [2B, T], no pixels
+    if (out.images.image_grid_thw.defined()) {     // every row's grids: the chosen rows', then the same again
+      out.batch.image_grid_thw = at::cat({out.images.image_grid_thw, out.images.image_grid_thw});  // [2N, 3]
+    }
+  }
   out.margin = at::empty({static_cast<int64_t>(pairs.size())}, at::kFloat);  // [B]
   for (size_t i = 0; i < pairs.size(); ++i) out.margin[static_cast<int64_t>(i)] = pairs[i]->margin;
   return out;
@@ -587,8 +601,7 @@ std::vector<Sample> kto_kl_samples(const std::vector<const KtoSample*>& block, c
     } else {
       cut = cut_preference_lengths(p, {a}, options);
     }
-    keep_whole_image_runs(runs, cut.prompt_begin, cut.prompt_end);
-    cut.prompt_begin = std::min(cut.prompt_begin, cut.prompt_end);
+    keep_whole_runs(runs, cut);
     const std::vector<int32_t> kept_prompt(prompt.begin() + cut.prompt_begin, prompt.begin() + cut.prompt_end);
     AnswerTokens kept = completion;
     kept.ids.resize(static_cast<size_t>(cut.answers[0]));
