@@ -1,8 +1,5 @@
 #include "eval/metrics.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -11,83 +8,9 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "eval/regex.h"
 
 namespace swiftcpp::eval {
-
-namespace {
-
-// A compiled Perl-compatible regex (Python's re syntax for what evaluation configs use: groups, (?s), classes).
-class Pattern {
- public:
-  explicit Pattern(const std::string& pattern) : pattern_(pattern) {
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF, &code, &offset, nullptr);
-    if (code_ == nullptr) {
-      std::array<PCRE2_UCHAR, 256> buffer{};
-      pcre2_get_error_message(code, buffer.data(), buffer.size());
-      fail<ConfigError>("invalid regex '{}' at offset {}: {}", pattern, offset, reinterpret_cast<const char*>(buffer.data()));
-    }
-    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
-    uint32_t groups = 0;
-    pcre2_pattern_info(code_, PCRE2_INFO_CAPTURECOUNT, &groups);
-    groups_ = static_cast<int>(groups);
-  }
-  ~Pattern() {
-    pcre2_match_data_free(data_);
-    pcre2_code_free(code_);
-  }
-  Pattern(const Pattern&) = delete;
-  Pattern& operator=(const Pattern&) = delete;
-
-  // Every non-overlapping match from the left: [0] the whole match, [1..] the groups ("" when unset).
-  std::vector<std::vector<std::string>> find_all(const std::string& s) const {
-    std::vector<std::vector<std::string>> out;
-    size_t start = 0;
-    while (start <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, 0, data_, nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) fail<FormatError>("matching the regex '{}' failed (code {})", pattern_, rc);
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_);
-      std::vector<std::string> m;
-      for (int g = 0; g <= groups_; ++g) {
-        m.push_back(ov[2 * g] == PCRE2_UNSET ? std::string() : s.substr(ov[2 * g], ov[2 * g + 1] - ov[2 * g]));
-      }
-      out.push_back(std::move(m));
-      start = ov[1] > ov[0] ? ov[1] : ov[1] + 1;  // an empty match moves on by one
-      while (start < s.size() && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) ++start;  // stay on a character
-    }
-    return out;
-  }
-
-  // Every match replaced by nothing (re.sub(pattern, "", s)).
-  std::string remove_all(const std::string& s) const {
-    std::string out;
-    size_t last = 0, start = 0;
-    while (start <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, 0, data_, nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) break;
-      if (rc < 0) fail<FormatError>("matching the regex '{}' failed (code {})", pattern_, rc);
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_);
-      out += s.substr(last, ov[0] - last);
-      last = ov[1];
-      start = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
-      while (start < s.size() && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) ++start;
-    }
-    if (last < s.size()) out += s.substr(last);
-    return out;
-  }
-
-  int groups() const { return groups_; }
-
- private:
-  std::string pattern_;
-  pcre2_code* code_ = nullptr;
-  pcre2_match_data* data_ = nullptr;
-  int groups_ = 0;
-};
-
-}  // namespace
 
 int argmax(const std::vector<double>& values) {
   if (values.empty()) return -1;

@@ -1,0 +1,119 @@
+// Multimodal benchmarks scored the way the field scores them: POPE, MMBench (circular), ScienceQA-IMG, MMMU,
+// TextVQA and ChartQA read from VLMEvalKit's TSV layout or lmms-eval's rows, with a prediction per row, scored by
+// either toolkit's rules (lib/eval/mm_rules.h) into per-item results and the aggregates and per-category tables
+// each toolkit reports. docs/eval.md lists the layouts, the rules and where the two toolkits disagree.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/fs.h"
+#include "core/json.h"
+#include "eval/mm_rules.h"
+
+namespace swiftcpp::eval::mm {
+
+enum class Benchmark { kPope, kMMBench, kScienceQA, kMMMU, kTextVQA, kChartQA };
+enum class Rules { kVLMEvalKit, kLmmsEval };
+
+/// "pope", "mmbench", "scienceqa_img", "mmmu", "textvqa", "chartqa".
+const char* benchmark_name(Benchmark benchmark);
+std::vector<std::string> benchmark_names();
+/// The benchmark of a name (also VLMEvalKit's dataset names: POPE, MMBench_DEV_EN, ScienceQA_TEST, MMMU_DEV_VAL,
+/// TextVQA_VAL, ChartQA_TEST, case-insensitive); nullopt for another name.
+std::optional<Benchmark> parse_benchmark(const std::string& name);
+/// "vlmevalkit" or "lmms-eval".
+const char* rules_name(Rules rules);
+/// Throws ConfigError naming the accepted values.
+Rules parse_rules(const std::string& name);
+
+/// One row of a benchmark, whichever layout it came from.
+struct BenchItem {
+  std::string source;   // "file:line"
+  int64_t index = 0;    // VLMEvalKit's index (MMBench: question g's rotation k is g + k * 1000000)
+  std::string id;       // MMMU's id ("validation_<Subject>_<n>"), lmms-eval's question_id
+  std::string question;
+  std::string hint;
+  Options options;      // multiple choice: the options present, in letter order
+  std::string answer;   // the gold letter, Yes/No, the gold text, or (TextVQA, ChartQA) a Python list literal
+  std::vector<std::string> answers;     // TextVQA's ten answers as lmms-eval rows give them
+  std::vector<std::string> categories;  // POPE: the splits the question belongs to
+  std::string category;                 // MMBench, ScienceQA, MMMU (the subject)
+  std::string l2_category;              // MMBench
+  std::string split;                    // MMBench (dev), ChartQA (human_test / augmented_test), ...
+  std::string question_type;            // MMMU: multiple-choice or open
+  std::string image;  // the row's image: base64, a VLMEvalKit reference to another row's index, or a path
+  std::optional<std::string> prediction;
+};
+
+struct BenchData {
+  Benchmark benchmark = Benchmark::kPope;
+  std::string layout;  // "vlmevalkit" (TSV) or "lmms-eval" (JSON Lines)
+  std::string file;
+  std::vector<BenchItem> items;
+};
+
+/// Reads a VLMEvalKit benchmark TSV (pandas' read_csv: tab-separated, a header row, double-quoted fields with ""
+/// inside, empty cells missing), with an optional `prediction` column as VLMEvalKit's inference writes it. Throws
+/// IoError for an unreadable file and FormatError naming file:line and the column for a missing column, a row
+/// with the wrong number of fields, a non-integer or repeated index, a bad answer, or (MMBench) a rotation whose
+/// question is missing.
+BenchData read_vlmeval_tsv(const fs::path& file, Benchmark benchmark, bool keep_images = true);
+
+/// Reads lmms-eval rows (JSON Lines): documents with the task's fields plus a `prediction` (or `response`), or
+/// lmms-eval's --log_samples records ({"doc": {...}, "resps": [[text]], ...}). Throws FormatError naming
+/// file:line and the field.
+BenchData read_lmms_rows(const fs::path& file, Benchmark benchmark);
+
+/// Reads either layout by the file's extension (.tsv: VLMEvalKit; .jsonl / .json: lmms-eval).
+BenchData read_benchmark(const fs::path& file, Benchmark benchmark, bool keep_images = true);
+
+struct ScoreOptions {
+  Rules rules = Rules::kVLMEvalKit;
+  bool strip_reasoning = true;  // lmms-eval: --reasoning_tags default (think, analysis); false: "none"
+  /// lmms-eval's MMMU open questions: the official contract (every parsed candidate compared); false: as
+  /// lmms-eval scores them at the pinned commit (only one candidate string kept, so never right).
+  bool mmmu_official_open = true;
+  uint64_t seed = 0;  // lmms-eval's random.seed for MMMU's random fallback letters
+};
+
+/// One row's (or, for MMBench under VLMEvalKit, one rotation's) result.
+struct ItemResult {
+  std::string source;
+  int64_t index = 0;
+  std::string id;
+  std::string prediction;  // as scored (after the reasoning strip where the rules apply one)
+  std::string parsed;      // the extracted letter / yes-no / normalised answer ("" none)
+  double score = 0;        // the row's score (MMBench: its question's circular hit)
+  Json detail;             // the rule's intermediate values, named as the toolkit names them
+};
+
+/// A report table in the toolkit's column order (VLMEvalKit prints its report as such a table).
+struct ReportTable {
+  std::string title;
+  std::vector<std::string> columns;
+  std::vector<std::pair<std::string, std::vector<double>>> rows;  // row label, one value per column (NaN: none)
+};
+
+struct BenchResult {
+  Benchmark benchmark = Benchmark::kPope;
+  Rules rules = Rules::kVLMEvalKit;
+  std::vector<ItemResult> items;
+  /// The toolkit's aggregates: VLMEvalKit's report as {row: {column: value}} (splits x Overall, abbreviations
+  /// and categories) or {column: value}; lmms-eval's metrics by name.
+  Json aggregate;
+  std::vector<ReportTable> tables;
+  std::string headline_metric;  // VLMEvalKit POPE: F1 (its "Overall"); lmms-eval POPE: accuracy; ...
+  double headline = 0;
+};
+
+/// Scores every row that has a prediction. Throws FormatError naming the row for a row without one, a bad gold
+/// answer, or an MMBench rotation group without its question row.
+BenchResult score_benchmark(const BenchData& data, const ScoreOptions& options);
+
+/// The aggregates as markdown tables: VLMEvalKit's reports one row per split, lmms-eval's metrics one per line.
+std::string result_markdown(const BenchResult& result);
+
+}  // namespace swiftcpp::eval::mm

@@ -1,0 +1,392 @@
+// Multimodal benchmark scoring against the real toolkits: every fixture of ../shared/assets/reference/mm_eval
+// (VLMEvalKit and lmms-eval scoring code run on hand-written predictions) read from its VLMEvalKit TSV or its
+// lmms-eval rows and scored by each toolkit's rules here, item by item exactly and aggregate by aggregate to 1e-12
+// relative (the README's comparison rule). Python semantics the rules lean on are checked against CPython.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "eval/mm_bench.h"
+#include "eval/mm_rules.h"
+#include "eval/pycompat.h"
+#include "tests/test_util.h"
+
+namespace swiftcpp {
+namespace {
+
+namespace mm = eval::mm;
+namespace py = eval::py;
+
+std::filesystem::path fixtures() { return test::assets() / "reference" / "mm_eval"; }
+
+Json load_fixture(const std::string& name) { return load_json_file(fixtures() / (name + ".json")); }
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A TSV cell as pandas' to_csv writes it: quoted when it holds a tab, newline or quote.
+std::string tsv_cell(const std::string& s) {
+  if (s.find_first_of("\t\n\r\"") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// The benchmark TSV with a `prediction` column from the fixture (VLMEvalKit's prediction file), written under dir.
+std::filesystem::path predictions_tsv(const std::string& tsv, const Json& fixture, const std::filesystem::path& dir) {
+  std::map<int64_t, std::string> predictions;
+  for (const Json& item : fixture.at("items")) {
+    const int64_t index = item.contains("vlmevalkit_index") ? item.at("vlmevalkit_index").get<int64_t>() : item.at("index").get<int64_t>();
+    predictions[index] = item.at("prediction").get<std::string>();
+  }
+  std::istringstream in(read_all(fixtures() / tsv));
+  std::string line, out;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (header) {
+      out += line + "\tprediction\n";
+      header = false;
+      continue;
+    }
+    const int64_t index = std::stoll(line.substr(0, line.find('\t')));
+    out += line + "\t" + tsv_cell(predictions.at(index)) + "\n";
+  }
+  const auto path = dir / ("pred_" + tsv);
+  std::ofstream(path, std::ios::binary) << out;
+  return path;
+}
+
+// lmms-eval --log_samples records: {"doc": doc, "resps": [[prediction]]} per document.
+std::filesystem::path lmms_samples(const Json& fixture, const std::string& doc_field, const std::filesystem::path& dir,
+                                   const std::string& name) {
+  std::string out;
+  for (const Json& item : fixture.at("items")) {
+    const Json docs = item.at(doc_field).is_array() ? item.at(doc_field) : Json::array({item.at(doc_field)});
+    for (const Json& doc : docs) {
+      out += Json({{"doc", doc}, {"resps", Json::array({Json::array({item.at("prediction")})})}}).dump() + "\n";
+    }
+  }
+  const auto path = dir / (name + "_samples.jsonl");
+  std::ofstream(path, std::ios::binary) << out;
+  return path;
+}
+
+// Every number of `expected` is in `actual` under the same keys, to 1e-12 relative; strings and booleans equal.
+void expect_matches(const Json& actual, const Json& expected, const std::string& where) {
+  if (expected.is_object()) {
+    ASSERT_TRUE(actual.is_object()) << where << ": expected an object, got " << actual.dump();
+    for (const auto& [key, value] : expected.items()) {
+      ASSERT_TRUE(actual.contains(key)) << where << ": no key '" << key << "' in " << actual.dump();
+      expect_matches(actual.at(key), value, where + "." + key);
+    }
+  } else if (expected.is_number()) {
+    ASSERT_TRUE(actual.is_number()) << where << ": expected " << expected.dump() << ", got " << actual.dump();
+    const double e = expected.get<double>(), a = actual.get<double>();
+    EXPECT_LE(std::fabs(a - e), 1e-12 * std::max(1.0, std::fabs(e))) << where << ": " << a << " vs " << e;
+  } else {
+    EXPECT_EQ(actual, expected) << where;
+  }
+}
+
+class MmTmp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SWIFTCPP_REQUIRE_SHARED(fixtures() / "README.md");
+    dir_ = test::temp_dir(std::string("mm_eval_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path dir_;
+};
+
+mm::BenchResult score(const std::filesystem::path& file, mm::Benchmark b, mm::Rules rules, bool strip = true,
+                      bool official_open = true) {
+  mm::ScoreOptions options;
+  options.rules = rules;
+  options.strip_reasoning = strip;
+  options.mmmu_official_open = official_open;
+  return mm::score_benchmark(mm::read_benchmark(file, b), options);
+}
+
+TEST(PyCompat, MatchesCPython) {
+  // random.seed(0); [random.choice("ABCD") for _ in range(8)] and getrandbits(32) under CPython 3.11.
+  py::Random rng(0);
+  std::string letters;
+  for (int i = 0; i < 8; ++i) letters += "ABCD"[rng.randbelow(4)];
+  EXPECT_EQ(letters, "DDACDDCD");
+  py::Random bits(0);
+  EXPECT_EQ(bits.getrandbits(32), 3626764237u);
+  EXPECT_EQ(bits.getrandbits(32), 1654615998u);
+  // float(): what Python accepts and refuses.
+  EXPECT_EQ(py::to_float(" 1_000 "), 1000.0);
+  EXPECT_EQ(py::to_float("1e3"), 1000.0);
+  EXPECT_EQ(py::to_float(".5"), 0.5);
+  EXPECT_EQ(py::to_float("5."), 5.0);
+  EXPECT_EQ(py::to_float("+12"), 12.0);
+  EXPECT_EQ(py::to_float("\xd9\xa1\xd9\xa2"), 12.0);  // Arabic-Indic digits
+  EXPECT_TRUE(std::isinf(*py::to_float("-Infinity")));
+  EXPECT_TRUE(std::isnan(*py::to_float("NaN")));
+  for (const char* bad : {"1,000", "$12", "0x10", "1__0", "_1", "1_", "1 0", "\xe2\x88\x92" "5", "", "e5", "."}) {
+    EXPECT_FALSE(py::to_float(bad).has_value()) << bad;
+  }
+  // round(x, 2), repr(float), statistics.mean and numpy.mean.
+  EXPECT_EQ(py::round_to(0.333, 2), 0.33);
+  EXPECT_EQ(py::round_to(2.675, 2), 2.67);  // 2.675 is 2.67499999... in binary
+  EXPECT_EQ(py::float_repr(1000.0), "1000.0");
+  EXPECT_EQ(py::float_repr(0.1), "0.1");
+  EXPECT_EQ(py::float_repr(1e16), "1e+16");
+  EXPECT_EQ(py::float_repr(1e-5), "1e-05");
+  EXPECT_EQ(py::exact_mean({0.1, 0.2, 0.3}), 0.2);           // statistics.mean([0.1, 0.2, 0.3])
+  EXPECT_EQ(py::sequential_mean({0.1, 0.2, 0.3}), 0.20000000000000004);
+  // numpy's pairwise sum and Python's left-to-right sum differ in the last bit here (values from CPython).
+  const std::vector<double> vqa = {2.0 / 3, 2.0 / 3, 2.0 / 3, 2.0 / 3, 2.0 / 3, 2.0 / 3, 2.0 / 3, 1.0 / 3, 1.0 / 3, 1.0 / 3};
+  EXPECT_EQ(py::numpy_mean(vqa), 0.5666666666666667);
+  EXPECT_EQ(py::sequential_mean(vqa), 0.5666666666666665);
+  EXPECT_EQ(py::exact_mean(vqa), 0.5666666666666667);
+  const auto list = py::list_literal("['a', \"it's\", 'x\\'y', '\\u00e9']");
+  ASSERT_TRUE(list.has_value());
+  EXPECT_EQ(*list, (std::vector<std::string>{"a", "it's", "x'y", "\xc3\xa9"}));
+  EXPECT_FALSE(py::list_literal("12").has_value());
+  EXPECT_FALSE(py::list_literal("['a' 'b']").has_value());
+}
+
+TEST_F(MmTmp, PopeScoresAsBothToolkits) {
+  const Json fx = load_fixture("pope");
+  const auto tsv = predictions_tsv("pope_style.tsv", fx, dir_);
+  const auto vlm = score(tsv, mm::Benchmark::kPope, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), fx.at("items").size());
+  for (size_t i = 0; i < vlm.items.size(); ++i) {
+    const Json& e = fx.at("items")[i].at("vlmevalkit");
+    EXPECT_EQ(vlm.items[i].parsed, e.at("extracted").get<std::string>()) << vlm.items[i].source;
+    EXPECT_EQ(vlm.items[i].score, e.at("score").get<bool>() ? 1.0 : 0.0) << vlm.items[i].source;
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit_POPE_rating"), "pope.vlmevalkit");
+  EXPECT_DOUBLE_EQ(vlm.headline, 86.8421052631579);
+
+  // lmms-eval's own rows (one per question and split), and the same questions from the TSV, exploded.
+  std::map<std::string, std::string> by_id;
+  for (const Json& item : fx.at("items")) {
+    for (const Json& doc : item.at("docs_lmms_eval")) by_id[doc.at("question_id").get<std::string>()] = item.at("prediction");
+  }
+  std::string rows;
+  std::istringstream in(read_all(fixtures() / "pope_lmms_eval_style.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    Json row = Json::parse(line);
+    row["prediction"] = by_id.at(row.at("question_id").get<std::string>());
+    rows += row.dump() + "\n";
+  }
+  const auto jsonl = dir_ / "pope_rows.jsonl";
+  std::ofstream(jsonl) << rows;
+  Json expected = fx.at("aggregate").at("lmms_eval");
+  expected["pope"] = expected.at("pope (all rows)");
+  expected.erase("pope (all rows)");
+  for (const auto& file : {jsonl, tsv}) {
+    const auto lmms = score(file, mm::Benchmark::kPope, mm::Rules::kLmmsEval);
+    EXPECT_EQ(lmms.items.size(), 73u);
+    expect_matches(lmms.aggregate, expected, "pope.lmms_eval " + file.filename().string());
+  }
+  const auto raw = score(jsonl, mm::Benchmark::kPope, mm::Rules::kLmmsEval, false);
+  expect_matches(raw.aggregate.at("pope"), fx.at("aggregate").at("lmms_eval_no_reasoning_strip").at("pope (all rows)"),
+                 "pope.lmms_eval_no_reasoning_strip");
+}
+
+TEST_F(MmTmp, MmbenchCircularScoresAsBothToolkits) {
+  const Json fx = load_fixture("mmbench");
+  const auto tsv = predictions_tsv("mmbench_dev_en_style.tsv", fx, dir_);
+  std::map<int64_t, const Json*> expected_rows;
+  for (const Json& item : fx.at("items")) expected_rows[item.at("index").get<int64_t>()] = &item;
+  std::map<int64_t, const Json*> groups;
+  for (const Json& g : fx.at("groups")) groups[g.at("group").get<int64_t>()] = &g;
+
+  const auto vlm = score(tsv, mm::Benchmark::kMMBench, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), expected_rows.size());
+  for (const auto& r : vlm.items) {
+    const Json& e = *expected_rows.at(r.index);
+    EXPECT_EQ(r.detail.at("can_infer"), e.at("vlmevalkit").at("can_infer")) << r.source << " " << r.prediction;
+    EXPECT_EQ(r.score, groups.at(r.index % 1000000)->at("vlmevalkit_hit").get<double>()) << r.source;
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit_report_acc"), "mmbench.vlmevalkit");
+
+  for (const auto& file : {tsv, lmms_samples(fx, "doc_lmms_eval", dir_, "mmbench")}) {
+    const auto lmms = score(file, mm::Benchmark::kMMBench, mm::Rules::kLmmsEval);
+    ASSERT_EQ(lmms.items.size(), expected_rows.size());
+    for (const auto& r : lmms.items) {
+      const Json& e = expected_rows.at(r.index)->at("lmms_eval");
+      EXPECT_EQ(r.detail.at("prefetch_can_infer"), e.at("prefetch_can_infer")) << r.source << " " << r.prediction;
+      EXPECT_EQ(r.detail.at("static_extract_mcq_answer"), e.at("static_extract_mcq_answer")) << r.source << " " << r.prediction;
+      EXPECT_EQ(r.score, groups.at(r.index % 1000000)->at("lmms_eval_static_hit").get<double>()) << r.source;
+    }
+    expect_matches(lmms.aggregate, fx.at("aggregate").at("lmms_eval_mmbench_en_dev_static"), "mmbench.lmms_eval");
+  }
+}
+
+TEST_F(MmTmp, ScienceQaScoresAsBothToolkits) {
+  const Json fx = load_fixture("scienceqa_img");
+  const auto tsv = predictions_tsv("scienceqa_img_style.tsv", fx, dir_);
+  const auto vlm = score(tsv, mm::Benchmark::kScienceQA, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), fx.at("items").size());
+  for (size_t i = 0; i < vlm.items.size(); ++i) {
+    EXPECT_EQ(vlm.items[i].score, fx.at("items")[i].at("vlmevalkit").at("hit").get<double>())
+        << vlm.items[i].source << " " << vlm.items[i].prediction;
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit_report_acc"), "sqa.vlmevalkit");
+  const auto samples = lmms_samples(fx, "doc_lmms_eval", dir_, "sqa");
+  for (const auto& file : {tsv, samples}) {
+    const auto lmms = score(file, mm::Benchmark::kScienceQA, mm::Rules::kLmmsEval);
+    for (size_t i = 0; i < lmms.items.size(); ++i) {
+      EXPECT_EQ(lmms.items[i].score, fx.at("items")[i].at("lmms_eval").at("exact_match").get<double>())
+          << lmms.items[i].source << " " << lmms.items[i].prediction;
+    }
+    expect_matches(lmms.aggregate, fx.at("aggregate").at("lmms_eval_scienceqa_img"), "sqa.lmms_eval");
+  }
+  const auto raw = score(samples, mm::Benchmark::kScienceQA, mm::Rules::kLmmsEval, false);
+  expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "sqa.no_strip");
+}
+
+TEST_F(MmTmp, MmmuScoresAsBothToolkitsAndBothOpenContracts) {
+  const Json fx = load_fixture("mmmu");
+  const auto tsv = predictions_tsv("mmmu_style.tsv", fx, dir_);
+  const auto vlm = score(tsv, mm::Benchmark::kMMMU, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), fx.at("items").size());
+  for (size_t i = 0; i < vlm.items.size(); ++i) {
+    EXPECT_EQ(vlm.items[i].score, fx.at("items")[i].at("vlmevalkit").at("hit").get<double>())
+        << vlm.items[i].source << " " << vlm.items[i].prediction;
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit_report_acc"), "mmmu.vlmevalkit");
+  const auto samples = lmms_samples(fx, "doc_lmms_eval", dir_, "mmmu");
+  for (bool official : {false, true}) {
+    const std::string variant = official ? "lmms_eval_official_contract_pre724" : "lmms_eval";
+    for (const auto& file : {tsv, samples}) {
+      const auto lmms = score(file, mm::Benchmark::kMMMU, mm::Rules::kLmmsEval, true, official);
+      ASSERT_EQ(lmms.items.size(), fx.at("items").size());
+      for (size_t i = 0; i < lmms.items.size(); ++i) {
+        const Json& item = fx.at("items")[i];
+        const Json& e = item.at(variant);
+        const auto& r = lmms.items[i];
+        EXPECT_EQ(r.detail.at("correct").get<bool>(), e.at("correct").get<bool>()) << variant << " " << r.source << " " << r.prediction;
+        EXPECT_EQ(r.detail.at("random_fallback").get<bool>(), e.at("random_fallback").get<bool>()) << r.source;
+        if (item.at("question_type") == "multiple-choice") {
+          EXPECT_EQ(r.detail.at("parsed_pred"), e.at("parsed_pred")) << r.source << " " << r.prediction;
+        } else if (official && !item.at("prediction").get<std::string>().empty()) {
+          // (An empty prediction cell reads back as NaN, "nan" as VLMEvalKit's str() gives; the fixture scored
+          // the empty string. The score is the same.)
+          // A Python set: compare the candidates without their order.
+          std::multiset<std::string> want, got;
+          for (const Json& v : e.at("parsed_pred")) want.insert(v.dump());
+          for (const Json& v : r.detail.at("parsed_pred")) got.insert(v.dump());
+          EXPECT_EQ(got, want) << r.source << " " << r.prediction;
+        }
+      }
+      expect_matches(lmms.aggregate, fx.at("aggregate").at(variant), "mmmu." + variant);
+    }
+  }
+}
+
+TEST_F(MmTmp, TextVqaScoresAsBothToolkits) {
+  const Json fx = load_fixture("textvqa");
+  const auto tsv = predictions_tsv("textvqa_style.tsv", fx, dir_);
+  const auto vlm = score(tsv, mm::Benchmark::kTextVQA, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), fx.at("items").size());
+  for (size_t i = 0; i < vlm.items.size(); ++i) {
+    const Json& e = fx.at("items")[i].at("vlmevalkit");
+    const auto& r = vlm.items[i];
+    if (!fx.at("items")[i].at("prediction").get<std::string>().empty()) {  // an empty cell reads back as "nan"
+      EXPECT_EQ(r.parsed, e.at("pred_normalised").get<std::string>()) << r.source << " " << r.prediction;
+    }
+    EXPECT_EQ(r.detail.at("answers_normalised"), e.at("answers_normalised")) << r.source;
+    EXPECT_EQ(r.score, e.at("score").get<double>()) << r.source << " " << r.prediction;  // np.mean, exactly
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit"), "textvqa.vlmevalkit");
+  const auto samples = lmms_samples(fx, "doc_lmms_eval", dir_, "textvqa");
+  for (const auto& file : {tsv, samples}) {
+    const auto lmms = score(file, mm::Benchmark::kTextVQA, mm::Rules::kLmmsEval);
+    for (size_t i = 0; i < lmms.items.size(); ++i) {
+      const Json& e = fx.at("items")[i].at("lmms_eval");
+      const auto& r = lmms.items[i];
+      if (!fx.at("items")[i].at("prediction").get<std::string>().empty() || file == samples) {
+        EXPECT_EQ(r.parsed, e.at("pred_normalised").get<std::string>()) << r.source << " " << r.prediction;
+      }
+      EXPECT_EQ(r.detail.at("answers_normalised"), e.at("answers_normalised")) << r.source;
+      EXPECT_EQ(r.score, e.at("exact_match").get<double>()) << r.source << " " << r.prediction;  // statistics.mean
+    }
+    expect_matches(lmms.aggregate, fx.at("aggregate").at("lmms_eval_textvqa_val"), "textvqa.lmms_eval");
+  }
+  const auto raw = score(samples, mm::Benchmark::kTextVQA, mm::Rules::kLmmsEval, false);
+  expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "textvqa.no_strip");
+}
+
+TEST_F(MmTmp, ChartQaScoresAsBothToolkits) {
+  const Json fx = load_fixture("chartqa");
+  const auto tsv = predictions_tsv("chartqa_style.tsv", fx, dir_);
+  const auto vlm = score(tsv, mm::Benchmark::kChartQA, mm::Rules::kVLMEvalKit);
+  ASSERT_EQ(vlm.items.size(), fx.at("items").size());
+  for (size_t i = 0; i < vlm.items.size(); ++i) {
+    EXPECT_EQ(vlm.items[i].score, fx.at("items")[i].at("vlmevalkit").at("hit").get<double>())
+        << vlm.items[i].source << " " << vlm.items[i].prediction;
+  }
+  expect_matches(vlm.aggregate, fx.at("aggregate").at("vlmevalkit"), "chartqa.vlmevalkit");
+  const auto samples = lmms_samples(fx, "doc_lmms_eval", dir_, "chartqa");
+  for (const auto& file : {tsv, samples}) {
+    const auto lmms = score(file, mm::Benchmark::kChartQA, mm::Rules::kLmmsEval);
+    for (size_t i = 0; i < lmms.items.size(); ++i) {
+      EXPECT_EQ(lmms.items[i].score, fx.at("items")[i].at("lmms_eval").at("relaxed_overall").get<double>())
+          << lmms.items[i].source << " " << lmms.items[i].prediction;
+    }
+    expect_matches(lmms.aggregate, fx.at("aggregate").at("lmms_eval_chartqa"), "chartqa.lmms_eval");
+  }
+  const auto raw = score(samples, mm::Benchmark::kChartQA, mm::Rules::kLmmsEval, false);
+  expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "chartqa.no_strip");
+}
+
+TEST_F(MmTmp, BadBenchmarkFilesNameTheRowAndField) {
+  auto write = [&](const std::string& name, const std::string& text) {
+    const auto p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  };
+  auto expect_error = [&](const std::filesystem::path& file, mm::Benchmark b, const std::string& part) {
+    try {
+      (void)mm::read_benchmark(file, b);
+      ADD_FAILURE() << "no error for " << file << " (" << part << ")";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_error(write("a.tsv", "index\tquestion\nx\ty\n"), mm::Benchmark::kPope, "a.tsv:1: no column 'answer'");
+  expect_error(write("b.tsv", "index\tquestion\tanswer\tcategory\n1\tq\tmaybe\trandom\n"), mm::Benchmark::kPope,
+               "b.tsv:2: column 'answer': answer must be yes or no");
+  expect_error(write("c.tsv", "index\tquestion\tanswer\tcategory\n1\tq\tYes\n"), mm::Benchmark::kPope,
+               "c.tsv:2: 3 fields where the header has 4");
+  expect_error(write("d.tsv", "index\tquestion\tanswer\tA\tB\n1\tq\tC\tx\ty\n"), mm::Benchmark::kMMBench,
+               "d.tsv:2: answer 'C' is not one of the options' letters");
+  expect_error(write("e.tsv", "index\tquestion\tanswer\tA\tB\n1.5\tq\tA\tx\ty\n"), mm::Benchmark::kMMBench,
+               "e.tsv:2: column 'index' is '1.5', not an integer");
+  expect_error(write("f.tsv", "index\tquestion\tanswer\tA\tB\n1\t\"q\tA\tx\ty\n"), mm::Benchmark::kMMBench,
+               "f.tsv:2: a quoted field is not closed");
+  expect_error(write("g.jsonl", "{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n"),
+               mm::Benchmark::kScienceQA, "g.jsonl:1: answer 2 is out of range for 2 choices");
+  expect_error(write("h.xlsx", "x"), mm::Benchmark::kPope, "xlsx is not read");
+  // A rotation without its question row, and a row without a prediction, are refused when scoring.
+  const auto orphan = write("i.tsv", "index\tquestion\tanswer\tA\tB\tprediction\n1000002\tq\tA\tx\ty\tA\n");
+  EXPECT_THROW(mm::score_benchmark(mm::read_benchmark(orphan, mm::Benchmark::kMMBench), {}), FormatError);
+  const auto unpredicted = write("j.tsv", "index\tquestion\tanswer\tcategory\n1\tq\tYes\trandom\n");
+  try {
+    (void)mm::score_benchmark(mm::read_benchmark(unpredicted, mm::Benchmark::kPope), {});
+    ADD_FAILURE() << "no error for a row without a prediction";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("j.tsv:2: no prediction"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace swiftcpp
