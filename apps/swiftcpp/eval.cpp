@@ -15,6 +15,7 @@
 #include "core/text.h"
 #include "data/encode.h"
 #include "eval/evaluator.h"
+#include "eval/mm_bench.h"
 #include "models/decoder/decoder.h"
 #include "peft/lora.h"
 #include "template/template.h"
@@ -46,6 +47,11 @@ struct EvalCliOptions {
   uint64_t seed = 1234;
   std::string device = "cpu";
   std::string dtype = "float32";
+  // Multimodal benchmarks
+  std::string predictions;  // re-score this predictions file without a model
+  std::string rules = "vlmevalkit";
+  std::string reasoning_tags = "default";
+  std::string mmmu_open = "official";
 };
 
 std::string safe_name(std::string s) {
@@ -55,7 +61,96 @@ std::string safe_name(std::string s) {
   return s;
 }
 
+eval::mm::ScoreOptions mm_score_options(const EvalCliOptions& o) {
+  eval::mm::ScoreOptions options;
+  options.rules = eval::mm::parse_rules(o.rules);
+  if (o.reasoning_tags != "default" && o.reasoning_tags != "none") {
+    fail<ConfigError>("--reasoning-tags must be default or none, got '{}'", o.reasoning_tags);
+  }
+  options.strip_reasoning = o.reasoning_tags == "default";
+  if (o.mmmu_open != "official" && o.mmmu_open != "lmms-eval-pr724") {
+    fail<ConfigError>("--mmmu-open must be official or lmms-eval-pr724, got '{}'", o.mmmu_open);
+  }
+  options.mmmu_official_open = o.mmmu_open == "official";
+  options.seed = 0;  // lmms-eval's default --seed: random.seed(0) before the first document
+  return options;
+}
+
+// The per-item records and the aggregates of one multimodal benchmark, as results.json and samples_<task>.jsonl
+// hold them.
+Json mm_result_json(const eval::mm::BenchResult& r, const std::string& file, size_t rows, double seconds) {
+  return {{"task", eval::mm::benchmark_name(r.benchmark)},
+          {"rules", eval::mm::rules_name(r.rules)},
+          {"source", file},
+          {"rows", rows},
+          {"headline_metric", r.headline_metric},
+          {"headline", r.headline},
+          {"aggregate", r.aggregate},
+          {"seconds", seconds}};
+}
+
+Json mm_sample_json(const eval::mm::ItemResult& item) {
+  return {{"source", item.source}, {"index", item.index},   {"id", item.id},        {"prediction", item.prediction},
+          {"parsed", item.parsed}, {"score", item.score},   {"detail", item.detail}};
+}
+
+// `eval --predictions FILE --tasks NAME`: a benchmark's predictions (VLMEvalKit's TSV with a prediction column, or
+// lmms-eval's rows with their outputs) scored again under either toolkit's rules, without a model.
+int run_rescore(const EvalCliOptions& o, const std::vector<std::string>& argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!o.model.empty() || !o.adapters.empty()) {
+    fail<ConfigError>("--predictions re-scores a predictions file without a model: drop --model and --adapters");
+  }
+  const std::vector<std::string> specs = split_list(o.tasks);
+  if (specs.size() != 1 || specs.front().find('=') != std::string::npos) {
+    fail<ConfigError>("--predictions takes one benchmark name in --tasks ({}); the predictions file is its data, got '{}'",
+                      fmt::join(eval::mm::benchmark_names(), ", "), o.tasks);
+  }
+  const auto benchmark = eval::mm::parse_benchmark(specs.front());
+  if (!benchmark) {
+    fail<ConfigError>("--tasks '{}' is not a multimodal benchmark --predictions can score ({})", specs.front(),
+                      fmt::join(eval::mm::benchmark_names(), ", "));
+  }
+  if (o.log_samples && o.output_dir.empty()) fail<ConfigError>("--log-samples needs --output-dir DIR");
+  if (!o.output_dir.empty()) {
+    check_output_folder(o.output_dir, "--output-dir");
+    refuse_existing_output((fs::path(o.output_dir) / "results.json").string(), "--output-dir's", o.overwrite);
+  }
+  const eval::mm::ScoreOptions options = mm_score_options(o);
+  const eval::mm::BenchData data = eval::mm::read_benchmark(o.predictions, *benchmark, /*keep_images=*/false);
+  const eval::mm::BenchResult result = eval::mm::score_benchmark(data, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << eval::mm::result_markdown(result) << std::flush;
+  std::cerr << fmt::format("[{}: {} rows of {} scored by {} rules in {:.2f} s; {} {:.4f}]\n", specs.front(),
+                           data.items.size(), o.predictions, eval::mm::rules_name(options.rules), seconds,
+                           result.headline_metric, result.headline);
+  if (!o.output_dir.empty()) {
+    const fs::path dir = o.output_dir;
+    create_folders(dir);
+    Json out = {{"mm_results", Json::array({mm_result_json(result, o.predictions, data.items.size(), seconds)})},
+                {"config",
+                 {{"predictions", o.predictions},
+                  {"tasks", specs},
+                  {"rules", o.rules},
+                  {"reasoning_tags", o.reasoning_tags},
+                  {"mmmu_open", o.mmmu_open}}},
+                {"date", utc_now_iso8601()},
+                {"swiftcpp_version", kVersion},
+                {"command_line", argv}};
+    write_file_atomic(dir / "results.json", out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n");
+    if (o.log_samples) {
+      std::string text;
+      for (const auto& item : result.items) text += mm_sample_json(item).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+      write_file_atomic(dir / ("samples_" + safe_name(specs.front()) + ".jsonl"), text);
+    }
+    std::cerr << fmt::format("[results written to {}]\n", (dir / "results.json").string());
+  }
+  return 0;
+}
+
 int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
+  if (!o.predictions.empty()) return run_rescore(o, argv);
+  if (o.model.empty()) fail<ConfigError>("--model is required (or --predictions FILE to re-score predictions)");
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> specs = split_list(o.tasks);
   if (specs.empty()) fail<ConfigError>("--tasks is empty; built-in tasks: {}", fmt::join(eval::builtin_task_names(), ", "));
@@ -233,8 +328,10 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
 
 CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vector<std::string>& argv) {
   auto o = std::make_shared<EvalCliOptions>();
-  CLI::App* cmd = root.add_subcommand("eval", "Evaluate a model on MMLU, ARC, HellaSwag, GSM8K, perplexity or custom tasks");
-  cmd->add_option("--model", o->model, "Hugging Face model folder, or a .gguf file")->required()->check(CLI::ExistingPath);
+  CLI::App* cmd = root.add_subcommand("eval", "Evaluate a model on MMLU, ARC, HellaSwag, GSM8K, perplexity, custom tasks "
+                                      "or multimodal benchmarks; re-score multimodal predictions");
+  cmd->add_option("--model", o->model, "Hugging Face model folder, or a .gguf file (required unless --predictions)")
+      ->check(CLI::ExistingPath);
   cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face folder with the tokenizer of a GGUF --model (default: the "
                   "file's folder)")
       ->check(CLI::ExistingDirectory);
@@ -243,7 +340,7 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
   cmd->add_option("--tasks", o->tasks,
                   "Comma-separated: mmlu, mmlu_<subject>, arc_easy, arc_challenge, hellaswag, gsm8k, perplexity; "
                   "NAME=PATH reads a task from PATH; FILE.yaml is a custom task (with image_field: images, for a "
-                  "vision-language model)")
+                  "vision-language model); with --predictions, one multimodal benchmark name")
       ->required();
   cmd->add_option("--data-dir", o->data_dir, "Folder holding the task data (docs/eval.md lists the layout)");
   cmd->add_option("--num-fewshot", o->num_fewshot, "Few-shot examples (default: MMLU 5, GSM8K 5, others 0)");
@@ -263,6 +360,19 @@ CommandRun add_eval_command(CLI::App& root, const GlobalOptions&, const std::vec
                   "Write the token ids of every request scored: multiple-choice items and perplexity windows (JSON Lines: "
                   "task, context, continuations)");
   cmd->add_option("--seed", o->seed, "Seed of few-shot sampling where examples come from the evaluated split")
+      ->capture_default_str();
+  cmd->add_option("--predictions", o->predictions,
+                  "Re-score a multimodal benchmark's predictions without a model: VLMEvalKit's TSV with a prediction "
+                  "column, or lmms-eval rows (.jsonl); --tasks names the benchmark (pope, mmbench, scienceqa_img, mmmu, "
+                  "textvqa, chartqa)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--rules", o->rules, "Multimodal scoring rules: vlmevalkit or lmms-eval")->capture_default_str();
+  cmd->add_option("--reasoning-tags", o->reasoning_tags,
+                  "lmms-eval rules: default (strip <think> and <analysis> blocks, as its CLI does) or none")
+      ->capture_default_str();
+  cmd->add_option("--mmmu-open", o->mmmu_open,
+                  "lmms-eval rules, MMMU open questions: official (every parsed candidate compared) or lmms-eval-pr724 "
+                  "(one candidate kept, as lmms-eval scored them from PR #724 until its fix)")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "float32, bfloat16 or float16")->capture_default_str();

@@ -4,6 +4,8 @@
 // relative (the README's comparison rule). Python semantics the rules lean on are checked against CPython.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -97,7 +99,7 @@ void expect_matches(const Json& actual, const Json& expected, const std::string&
   }
 }
 
-class MmTmp : public ::testing::Test {
+class MmEvalScoring : public ::testing::Test {
  protected:
   void SetUp() override {
     SWIFTCPP_REQUIRE_SHARED(fixtures() / "README.md");
@@ -160,7 +162,7 @@ TEST(PyCompat, MatchesCPython) {
   EXPECT_FALSE(py::list_literal("['a' 'b']").has_value());
 }
 
-TEST_F(MmTmp, PopeScoresAsBothToolkits) {
+TEST_F(MmEvalScoring, PopeScoresAsBothToolkits) {
   const Json fx = load_fixture("pope");
   const auto tsv = predictions_tsv("pope_style.tsv", fx, dir_);
   const auto vlm = score(tsv, mm::Benchmark::kPope, mm::Rules::kVLMEvalKit);
@@ -200,7 +202,7 @@ TEST_F(MmTmp, PopeScoresAsBothToolkits) {
                  "pope.lmms_eval_no_reasoning_strip");
 }
 
-TEST_F(MmTmp, MmbenchCircularScoresAsBothToolkits) {
+TEST_F(MmEvalScoring, MmbenchCircularScoresAsBothToolkits) {
   const Json fx = load_fixture("mmbench");
   const auto tsv = predictions_tsv("mmbench_dev_en_style.tsv", fx, dir_);
   std::map<int64_t, const Json*> expected_rows;
@@ -230,7 +232,7 @@ TEST_F(MmTmp, MmbenchCircularScoresAsBothToolkits) {
   }
 }
 
-TEST_F(MmTmp, ScienceQaScoresAsBothToolkits) {
+TEST_F(MmEvalScoring, ScienceQaScoresAsBothToolkits) {
   const Json fx = load_fixture("scienceqa_img");
   const auto tsv = predictions_tsv("scienceqa_img_style.tsv", fx, dir_);
   const auto vlm = score(tsv, mm::Benchmark::kScienceQA, mm::Rules::kVLMEvalKit);
@@ -253,7 +255,7 @@ TEST_F(MmTmp, ScienceQaScoresAsBothToolkits) {
   expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "sqa.no_strip");
 }
 
-TEST_F(MmTmp, MmmuScoresAsBothToolkitsAndBothOpenContracts) {
+TEST_F(MmEvalScoring, MmmuScoresAsBothToolkitsAndBothOpenContracts) {
   const Json fx = load_fixture("mmmu");
   const auto tsv = predictions_tsv("mmmu_style.tsv", fx, dir_);
   const auto vlm = score(tsv, mm::Benchmark::kMMMU, mm::Rules::kVLMEvalKit);
@@ -292,7 +294,7 @@ TEST_F(MmTmp, MmmuScoresAsBothToolkitsAndBothOpenContracts) {
   }
 }
 
-TEST_F(MmTmp, TextVqaScoresAsBothToolkits) {
+TEST_F(MmEvalScoring, TextVqaScoresAsBothToolkits) {
   const Json fx = load_fixture("textvqa");
   const auto tsv = predictions_tsv("textvqa_style.tsv", fx, dir_);
   const auto vlm = score(tsv, mm::Benchmark::kTextVQA, mm::Rules::kVLMEvalKit);
@@ -325,7 +327,7 @@ TEST_F(MmTmp, TextVqaScoresAsBothToolkits) {
   expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "textvqa.no_strip");
 }
 
-TEST_F(MmTmp, ChartQaScoresAsBothToolkits) {
+TEST_F(MmEvalScoring, ChartQaScoresAsBothToolkits) {
   const Json fx = load_fixture("chartqa");
   const auto tsv = predictions_tsv("chartqa_style.tsv", fx, dir_);
   const auto vlm = score(tsv, mm::Benchmark::kChartQA, mm::Rules::kVLMEvalKit);
@@ -348,7 +350,7 @@ TEST_F(MmTmp, ChartQaScoresAsBothToolkits) {
   expect_matches(raw.aggregate, fx.at("aggregate").at("lmms_eval_no_reasoning_strip"), "chartqa.no_strip");
 }
 
-TEST_F(MmTmp, BadBenchmarkFilesNameTheRowAndField) {
+TEST_F(MmEvalScoring, BadBenchmarkFilesNameTheRowAndField) {
   auto write = [&](const std::string& name, const std::string& text) {
     const auto p = dir_ / name;
     std::ofstream(p, std::ios::binary) << text;
@@ -385,6 +387,48 @@ TEST_F(MmTmp, BadBenchmarkFilesNameTheRowAndField) {
     ADD_FAILURE() << "no error for a row without a prediction";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("j.tsv:2: no prediction"), std::string::npos) << e.what();
+  }
+}
+
+using MmEvalCli = MmEvalScoring;
+
+// `eval --predictions`: VLMEvalKit's prediction TSV and lmms-eval's samples re-scored without a model, under either
+// toolkit's rules, with results.json and per-item samples; misuse refused before any work.
+TEST_F(MmEvalCli, RescoresPredictionsUnderEitherToolkitsRules) {
+  const Json fx = load_fixture("mmbench");
+  const auto tsv = predictions_tsv("mmbench_dev_en_style.tsv", fx, dir_);
+  const auto out = dir_ / "out";
+  auto run = test::run_cli(fmt::format("eval --predictions {} --tasks mmbench --output-dir {} --log-samples", tsv.string(),
+                                       out.string()));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("| dev | 0.4118 |"), std::string::npos) << run.out;  // VLMEvalKit's report row
+  const Json results = load_json_file(out / "results.json");
+  const Json& r = results.at("mm_results").at(0);
+  EXPECT_EQ(r.at("rules"), "vlmevalkit");
+  EXPECT_DOUBLE_EQ(r.at("headline").get<double>(), 0.4117647058823529);
+  expect_matches(r.at("aggregate"), fx.at("aggregate").at("vlmevalkit_report_acc"), "cli.vlmevalkit");
+  EXPECT_EQ(read_json_lines(out / "samples_mmbench.jsonl").size(), fx.at("items").size());
+  // The same file under lmms-eval's rules; an existing results.json needs --overwrite.
+  run = test::run_cli(fmt::format("eval --predictions {} --tasks MMBench_DEV_EN --rules lmms-eval --output-dir {}", tsv.string(),
+                                  out.string()));
+  EXPECT_EQ(run.code, 2) << run.out;
+  EXPECT_NE(run.out.find("--overwrite"), std::string::npos) << run.out;
+  run = test::run_cli(fmt::format("eval --predictions {} --tasks MMBench_DEV_EN --rules lmms-eval --output-dir {} --overwrite",
+                                  tsv.string(), out.string()));
+  ASSERT_EQ(run.code, 0) << run.out;
+  expect_matches(load_json_file(out / "results.json").at("mm_results").at(0).at("aggregate"),
+                 fx.at("aggregate").at("lmms_eval_mmbench_en_dev_static"), "cli.lmms_eval");
+  // Misuse.
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--tasks mmbench --rules vlmeval", "scoring rules must be vlmevalkit or lmms-eval"},
+           {"--tasks mmlu", "'mmlu' is not a multimodal benchmark"},
+           {"--tasks mmbench,pope", "takes one benchmark name"},
+           {"--tasks mmbench --reasoning-tags off", "--reasoning-tags must be default or none"},
+           {"--tasks mmbench --model " + test::stories_dir().string(), "drop --model"},
+           {"--tasks pope", "pred_mmbench_dev_en_style.tsv:2: column 'answer': answer must be yes or no"}}) {
+    run = test::run_cli(fmt::format("eval --predictions {} {}", tsv.string(), args));
+    EXPECT_NE(run.code, 0) << args;
+    EXPECT_NE(run.out.find(message), std::string::npos) << args << ": " << run.out;
   }
 }
 
