@@ -27,9 +27,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Json image_names(const std::vector<fs::path>& images) {
+Json image_names(const std::vector<ImageRef>& images) {
   Json out = Json::array();
-  for (const auto& p : images) out.push_back(p.string());
+  for (const auto& image : images) out.push_back(image.name());
   return out;
 }
 
@@ -123,7 +123,16 @@ void Evaluator::check(const Task& task) {
                                   make_image_encoding(options_.model_dir, *mm, options_.image_overrides));
 }
 
-std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const std::vector<fs::path>& files,
+namespace {
+// An item's image opened (its header read, no pixel decoded), with the settings' pixel limit.
+PlannedImage plan_item_image(const ImageRef& image, const ImageEncoding& settings) {
+  if (!image.bytes) return plan_image_file(image.file, settings);
+  const int64_t max_pixels = settings.max_pixels > 0 ? settings.max_pixels : vision::kMaxImagePixels;
+  return plan_image(vision::open_image_bytes(*image.bytes, image.origin, max_pixels), settings);
+}
+}  // namespace
+
+std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const std::vector<ImageRef>& files,
                                               const std::string& source) const {
   const MultimodalConfig* mm = model_->config().multimodal.get();
   if (mm == nullptr) return ids;
@@ -141,7 +150,7 @@ std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const st
     if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
     for (size_t i = 0; i < files.size(); ++i) {
       try {
-        counts[i] = plan_image_file(files[i], *images_).tokens;
+        counts[i] = plan_item_image(files[i], *images_).tokens;
       } catch (const IoError& e) {
         fail<IoError>("{}: {}", source, e.what());
       } catch (const FormatError& e) {
@@ -158,20 +167,20 @@ std::vector<int64_t> Evaluator::expand_images(std::vector<int64_t> ids, const st
   return out;
 }
 
-Evaluator::LoadedImages Evaluator::load_images(const std::vector<fs::path>& files, const std::string& source) const {
+Evaluator::LoadedImages Evaluator::load_images(const std::vector<ImageRef>& files, const std::string& source) const {
   if (files.empty()) return {};
   if (!images_) fail<ConfigError>("{}: images without image settings (Evaluator::check was not run)", source);
   Sample out;
   LoadedImages loaded;
-  for (const fs::path& file : files) {
+  for (const ImageRef& file : files) {
     // The decoder's message names the file; the item's data file:line is put in front.
     auto where = [&](const Error& e) {
       const std::string what = e.what();
-      return what.find(file.string()) == std::string::npos ? fmt::format("{}: image {}: {}", source, file.string(), what)
-                                                           : fmt::format("{}: {}", source, what);
+      return what.find(file.name()) == std::string::npos ? fmt::format("{}: image {}: {}", source, file.name(), what)
+                                                         : fmt::format("{}: {}", source, what);
     };
     try {
-      vision::ProcessedImage image = process_image_file(file, *images_);
+      vision::ProcessedImage image = process_planned_image(plan_item_image(file, *images_), *images_);
       out.pixel_values.push_back(std::move(image.pixel_values));  // [C, H, W] | [patches, C T P P]
       if (images_->processor->variable_size()) out.image_grids.push_back(image.grid_thw);
       loaded.tokens.push_back(image.tokens);

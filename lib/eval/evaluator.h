@@ -101,14 +101,14 @@ class Evaluator {
   // Vision-language models: context ids with each image token expanded to as many copies as its image takes
   // positions, after checking they hold one image token per image (FormatError naming `source`). Text models: the
   // ids unchanged.
-  std::vector<int64_t> expand_images(std::vector<int64_t> ids, const std::vector<fs::path>& files,
+  std::vector<int64_t> expand_images(std::vector<int64_t> ids, const std::vector<ImageRef>& images,
                                      const std::string& source) const;
   // An item's images read and preprocessed, as a forward takes them, and the positions each takes.
   struct LoadedImages {
     ImageInputs inputs;
     std::vector<int64_t> tokens;
   };
-  LoadedImages load_images(const std::vector<fs::path>& files, const std::string& source) const;
+  LoadedImages load_images(const std::vector<ImageRef>& images, const std::string& source) const;
   // The text with each image placeholder replaced by the family's image markup (MultimodalConfig::image_markup).
   std::string image_markup(std::string text) const;
 

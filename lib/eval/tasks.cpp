@@ -106,7 +106,7 @@ struct Question {
   int gold = 0;
   std::string group;
   std::string source;
-  std::vector<fs::path> images;  // image tasks: one per "<image>" in query, in order
+  std::vector<ImageRef> images;  // image tasks: one per "<image>" in query, in order
 };
 
 // description + shots (each "query + delimiter + gold choice") joined by the few-shot delimiter + query.
@@ -589,7 +589,7 @@ const ConfigSchema<CustomTaskConfig>& custom_schema() {
 
 // The images of a row: `field` holds one path or a list of paths, relative ones resolved against `base` (the
 // folder of the row's data file). Each must be an existing regular file (decoding waits for the evaluator).
-std::vector<fs::path> row_images(const Json& row, const std::string& field, const fs::path& base,
+std::vector<ImageRef> row_images(const Json& row, const std::string& field, const fs::path& base,
                                  const std::string& where) {
   if (!row.contains(field)) fail<FormatError>("{}: no field '{}' (the images)", where, field);
   const Json& value = row.at(field);
@@ -607,7 +607,7 @@ std::vector<fs::path> row_images(const Json& row, const std::string& field, cons
   } else {
     fail<FormatError>("{}: '{}' must be an image path or a list of paths, got {}", where, field, describe_json(value));
   }
-  std::vector<fs::path> out;
+  std::vector<ImageRef> out;
   for (const auto& name : names) {
     if (name.empty()) fail<FormatError>("{}: '{}' holds an empty image path", where, field);
     const fs::path path = fs::path(name).is_absolute() ? fs::path(name) : base / name;
@@ -742,10 +742,10 @@ Task load_custom(const fs::path& yaml, const TaskOptions& options) {
   else task.generation.filters.push_back({"none", "", 0, ""});
   const std::string target_templ = c.target.empty() ? c.answer : c.target;
   // A row's prompt and images (placeholders added as for multiple choice).
-  auto query = [&](const Json& row, const std::string& where, const fs::path& row_base, std::vector<fs::path>& out) {
+  auto query = [&](const Json& row, const std::string& where, const fs::path& row_base, std::vector<ImageRef>& out) {
     std::string text = render_fields(c.prompt, row, where);
     if (!images) return text;
-    const std::vector<fs::path> own = row_images(row, c.image_field, row_base, where);
+    const std::vector<ImageRef> own = row_images(row, c.image_field, row_base, where);
     out.insert(out.end(), own.begin(), own.end());
     return with_image_placeholders(text, own.size(), where);
   };

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,19 @@ namespace swiftcpp::eval {
 enum class TaskKind { kMultipleChoice, kGeneration, kPerplexity };
 const char* task_kind_name(TaskKind kind);
 
+/// An item's image: a file, or JPEG/PNG bytes held in memory (a benchmark TSV's base64 cell) with the name of
+/// where they came from. Nothing is opened until the item is planned or scored.
+struct ImageRef {
+  ImageRef() = default;
+  ImageRef(fs::path path) : file(std::move(path)) {}  // NOLINT(google-explicit-constructor): a path is an image file
+  ImageRef(std::shared_ptr<const std::string> data, std::string name) : bytes(std::move(data)), origin(std::move(name)) {}
+  fs::path file;
+  std::shared_ptr<const std::string> bytes;  // set: the encoded image; `origin` names it
+  std::string origin;
+  /// The file, or the in-memory image's origin (for messages and --log-samples).
+  std::string name() const { return bytes ? origin : file.string(); }
+};
+
 /// One multiple-choice question: the model scores `delimiter + choices[i]` after `context`.
 struct ChoiceItem {
   std::string context;               // the whole prompt: description, few-shot examples, the question
@@ -25,7 +39,7 @@ struct ChoiceItem {
   int gold = 0;
   std::string group;   // MMLU subject; empty elsewhere
   std::string source;  // "file:line" of the question
-  std::vector<fs::path> images;  // image tasks: one file per "<image>" in context (examples' first), in order
+  std::vector<ImageRef> images;  // image tasks: one per "<image>" in context (examples' first), in order
 };
 
 /// One generation question: greedy continuation of `context`, compared with `target` after extraction.
@@ -33,7 +47,7 @@ struct GenerationItem {
   std::string context;
   std::string target;  // the reference answer as the data gives it (GSM8K: the whole solution with "#### N")
   std::string source;
-  std::vector<fs::path> images;  // image tasks: one file per "<image>" in context (examples' first), in order
+  std::vector<ImageRef> images;  // image tasks: one per "<image>" in context (examples' first), in order
 };
 
 /// One document of a perplexity task.

@@ -26,8 +26,6 @@ struct MediaOptions {
   double fetch_timeout_s = 10;             // a remote image's whole download
 };
 
-/// Standard base64 (RFC 4648 alphabet, padding optional, no whitespace) -> bytes; nullopt when malformed.
-std::optional<std::string> decode_base64(std::string_view text);
 
 /// The image of one part, in memory with its header checked; its origin is the part's field. Throws ApiError 400
 /// naming part.param: a malformed data URL or base64, a file URL without --allowed-local-media-path or outside it,

@@ -1,6 +1,8 @@
 // The continuous-batching engine: per-row KV cache, sequences joining and leaving a running batch, cancellation,
 // penalties, and the OpenAI request decoding the server uses.
 #include <gtest/gtest.h>
+
+#include "core/base64.h"
 #include <ATen/ATen.h>
 
 #include "infer/engine.h"
@@ -355,11 +357,11 @@ TEST(OpenAiRequest, ImagePartsBecomePlaceholdersNamingTheirFields) {
 // The sources of an image part: data URLs (base64 checked, size limited), files only under the allowed folder,
 // remote URLs only when allowed; the image's header is read and checked, its origin is the part's field.
 TEST(ServeMedia, DataUrlsAndAllowedFilesOpenOthersAreRefusedNamingThePart) {
-  EXPECT_EQ(serve::decode_base64("aGVsbG8="), std::optional<std::string>("hello"));
-  EXPECT_EQ(serve::decode_base64("aGVsbG8"), std::optional<std::string>("hello"));
-  EXPECT_EQ(serve::decode_base64(""), std::optional<std::string>(""));
-  EXPECT_FALSE(serve::decode_base64("aGVs bG8=").has_value());
-  EXPECT_FALSE(serve::decode_base64("a").has_value());
+  EXPECT_EQ(decode_base64("aGVsbG8="), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64("aGVsbG8"), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64(""), std::optional<std::string>(""));
+  EXPECT_FALSE(decode_base64("aGVs bG8=").has_value());
+  EXPECT_FALSE(decode_base64("a").has_value());
   const fs::path images = test::assets() / "images";
   SWIFTCPP_REQUIRE_SHARED(images / "coffee.jpg");
   const std::string bytes = read_text_file(images / "coffee.jpg");

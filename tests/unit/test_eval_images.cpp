@@ -26,6 +26,13 @@ using test::temp_dir;
 fs::path llava_dir() { return assets() / "reference/llava/tiny-llava"; }
 fs::path images_dir() { return assets() / "images"; }
 
+// The files of an item's images.
+std::vector<fs::path> files(const std::vector<eval::ImageRef>& images) {
+  std::vector<fs::path> out;
+  for (const auto& image : images) out.push_back(image.file);
+  return out;
+}
+
 void write(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());
   std::ofstream(path, std::ios::binary) << text;
@@ -65,11 +72,11 @@ TEST(EvalImagesTask, ImageFieldResolvesPathsAndAddsPlaceholders) {
   EXPECT_TRUE(task.has_images);
   ASSERT_EQ(task.choice_items.size(), 3u);
   EXPECT_EQ(task.choice_items[0].context, "<image>\nColour?\nAnswer:");
-  EXPECT_EQ(task.choice_items[0].images, std::vector<fs::path>{dir / "img/a.png"});
+  EXPECT_EQ(files(task.choice_items[0].images), std::vector<fs::path>{dir / "img/a.png"});
   EXPECT_EQ(task.choice_items[0].gold, 1);
   // Placeholders the prompt writes are kept (one per image); the images keep their order.
   EXPECT_EQ(task.choice_items[1].context, "Left <image> right <image>\nAnswer:");
-  EXPECT_EQ(task.choice_items[1].images, (std::vector<fs::path>{dir / "img/a.png", fs::path(abs)}));
+  EXPECT_EQ(files(task.choice_items[1].images), (std::vector<fs::path>{dir / "img/a.png", fs::path(abs)}));
   EXPECT_EQ(task.choice_items[2].context, "None.\nAnswer:");
   EXPECT_TRUE(task.choice_items[2].images.empty());
 
@@ -94,13 +101,13 @@ TEST(EvalImagesTask, ImageFieldResolvesPathsAndAddsPlaceholders) {
   const Task shot = load_task(shots_yaml.string(), "", {});
   ASSERT_EQ(shot.choice_items.size(), 1u);
   EXPECT_EQ(shot.choice_items[0].context, "<image>\nShot?\nAnswer: x\n\n<image>\nColour?\nAnswer:");
-  EXPECT_EQ(shot.choice_items[0].images, (std::vector<fs::path>{dir / "shots/s.png", dir / "img/a.png"}));
+  EXPECT_EQ(files(shot.choice_items[0].images), (std::vector<fs::path>{dir / "shots/s.png", dir / "img/a.png"}));
   write(dir / "gen_shots.yaml", "name: g\ntype: generation\ndata: data.jsonl\nfewshot_data: shots/shots.jsonl\n"
                                 "num_fewshot: 1\nprompt: \"{q}\"\nanswer: \"{choices.0}\"\nimage_field: image\n");
   const Task gen_shot = load_task((dir / "gen_shots.yaml").string(), "", {});
   ASSERT_EQ(gen_shot.generation_items.size(), 1u);
   EXPECT_EQ(gen_shot.generation_items[0].context, "<image>\nShot? x\n\n<image>\nColour?");
-  EXPECT_EQ(gen_shot.generation_items[0].images, (std::vector<fs::path>{dir / "shots/s.png", dir / "img/a.png"}));
+  EXPECT_EQ(files(gen_shot.generation_items[0].images), (std::vector<fs::path>{dir / "shots/s.png", dir / "img/a.png"}));
 }
 
 TEST(EvalImagesTask, BadImageRowsNameTheDataFileLineAndImage) {
@@ -163,10 +170,10 @@ struct TinyLlava {
   }
   // log P(choice | context, images), by hand: the pair tokenised whole, the continuation after the context's own
   // length, every position computed in one forward of the whole sequence.
-  double loglikelihood(const std::string& context, const std::string& continuation, const std::vector<fs::path>& images) {
+  double loglikelihood(const std::string& context, const std::string& continuation, const std::vector<eval::ImageRef>& images) {
     const std::vector<int64_t> ctx = expand(encode(context));
     const std::vector<int64_t> whole = expand(encode(context + continuation));
-    const at::Tensor lp = at::log_softmax(logits(whole, pixels(images)), -1);
+    const at::Tensor lp = at::log_softmax(logits(whole, pixels(files(images))), -1);
     double sum = 0;
     for (size_t t = ctx.size(); t < whole.size(); ++t) sum += lp[static_cast<int64_t>(t) - 1][whole[t]].item<double>();
     return sum;
@@ -286,7 +293,7 @@ TEST(EvalImagesScoring, Qwen2VLMultipleChoiceEqualsHandScoredForward) {
     const std::vector<double> got = r.samples[i]["loglikelihoods"].get<std::vector<double>>();
     ASSERT_EQ(got.size(), item.choices.size());
     for (size_t j = 0; j < got.size(); ++j) {
-      EXPECT_NEAR(got[j], t.loglikelihood(item.context, " " + item.choices[j], item.images), 1e-4)
+      EXPECT_NEAR(got[j], t.loglikelihood(item.context, " " + item.choices[j], files(item.images)), 1e-4)
           << "item " << i << " choice " << j;
     }
   }
@@ -322,7 +329,7 @@ TEST(EvalImagesScoring, GenerationEqualsHandGreedyWithImages) {
     // Greedy by hand: the whole sequence re-run for every new token, no cache, no padding.
     std::vector<int64_t> ids = t.expand(t.encode(item.context));
     const std::vector<int64_t> prompt = ids;
-    const at::Tensor pixels = t.pixels(item.images);
+    const at::Tensor pixels = t.pixels(files(item.images));
     std::vector<int64_t> greedy;
     for (int step = 0; step < 6; ++step) {
       const int64_t next = t.logits(ids, pixels)[-1].argmax().item<int64_t>();
