@@ -1,6 +1,7 @@
 // `swiftcpp eval`: standard benchmarks (MMLU, ARC, HellaSwag, GSM8K, perplexity, custom YAML tasks, with images on
 // a vision-language model) scored the way lm-evaluation-harness scores them, on a model with an optional adapter.
 #include <chrono>
+#include <set>
 #include <iostream>
 
 #include "apps/swiftcpp/commands.h"
@@ -148,6 +149,101 @@ int run_rescore(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   return 0;
 }
 
+struct MmTask {
+  std::string name;  // as --tasks wrote it
+  eval::mm::Benchmark benchmark;
+  std::string file;
+  eval::mm::BenchData data;
+};
+
+struct MmRun {
+  eval::mm::BenchResult result;
+  std::vector<std::string> predictions;
+  int64_t new_tokens = 0;
+  double seconds = 0;
+};
+
+// --limit N: the first N rows; for MMBench the first N questions with all their rotations (circular scoring
+// needs every one).
+eval::mm::BenchData limit_rows(eval::mm::BenchData data, const std::optional<int64_t>& limit) {
+  if (!limit) return data;
+  if (*limit < 1) fail<ConfigError>("--limit must be >= 1, got {}", *limit);
+  std::vector<bool> keep(data.items.size(), false);
+  if (data.benchmark == eval::mm::Benchmark::kMMBench) {
+    std::vector<int64_t> questions;
+    for (const auto& item : data.items) {
+      if (item.index < 1000000) questions.push_back(item.index);
+    }
+    std::sort(questions.begin(), questions.end());
+    if (static_cast<int64_t>(questions.size()) > *limit) questions.resize(static_cast<size_t>(*limit));
+    const std::set<int64_t> kept(questions.begin(), questions.end());
+    for (size_t i = 0; i < data.items.size(); ++i) keep[i] = kept.count(data.items[i].index % 1000000) > 0;
+  } else {
+    for (size_t i = 0; i < data.items.size() && static_cast<int64_t>(i) < *limit; ++i) keep[i] = true;
+  }
+  eval::mm::BenchData out = data;
+  out.items.clear();
+  out.cells.clear();
+  out.docs.clear();
+  for (size_t i = 0; i < data.items.size(); ++i) {
+    if (!keep[i]) continue;
+    out.items.push_back(data.items[i]);
+    if (i < data.cells.size()) out.cells.push_back(data.cells[i]);
+    if (i < data.docs.size()) out.docs.push_back(data.docs[i]);
+  }
+  return out;
+}
+
+// A multimodal benchmark run on the model: each row's default prompt (per the rules' toolkit) with its images,
+// greedy generation, then the toolkit's scoring.
+MmRun run_mm_task(eval::Evaluator& evaluator, MmTask& task, const eval::mm::ScoreOptions& options,
+                  const EvalCliOptions& o, bool tty) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto images = eval::mm::benchmark_images(task.data);
+  std::vector<eval::GenerationItem> items;
+  for (size_t i = 0; i < task.data.items.size(); ++i) {
+    const auto& row = task.data.items[i];
+    eval::GenerationItem item;
+    item.context = eval::mm::prompt_text(eval::mm::benchmark_prompt(row, task.benchmark, options.rules));
+    item.source = row.source;
+    item.images = images[i];
+    items.push_back(std::move(item));
+  }
+  eval::GenerationSpec spec;
+  spec.max_new_tokens = o.max_new_tokens.value_or(128);
+  std::cerr << fmt::format("[{}: {} rows from {}, {} prompts, {} new tokens at most]\n", task.name, items.size(), task.file,
+                           eval::mm::rules_name(options.rules), spec.max_new_tokens);
+  std::unique_ptr<ProgressBar> bar;
+  auto progress = [&](int64_t done, int64_t total) {
+    if (!bar) {
+      bar = std::make_unique<ProgressBar>(std::max<int64_t>(total, 1), std::cerr, tty, std::max<int64_t>(total / 10, 1));
+      bar->set_line_width(terminal_columns(stderr));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ProgressStats stats;
+    stats.elapsed_s = s;
+    stats.unit = "item";
+    stats.fields = fmt::format("{} | {:.2f} items/s", task.name, done / std::max(s, 1e-9));
+    bar->update(done, stats);
+  };
+  const eval::Generations generated = evaluator.generate(task.name, items, spec, progress);
+  if (bar) bar->finish();
+  MmRun run;
+  for (size_t i = 0; i < generated.outputs.size(); ++i) {
+    run.predictions.push_back(generated.outputs[i].text);
+    task.data.items[i].prediction = generated.outputs[i].text;
+    run.new_tokens += generated.outputs[i].new_tokens;
+  }
+  run.result = eval::mm::score_benchmark(task.data, options);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << fmt::format("[{}: {} items, {} prompt and {} new tokens in {:.2f} s ({:.2f} s preparing): {:.2f} items/s; "
+                           "{} {:.4f}]\n",
+                           task.name, items.size(), generated.prompt_tokens, run.new_tokens, run.seconds,
+                           generated.encode_seconds, static_cast<double>(items.size()) / std::max(run.seconds, 1e-9),
+                           run.result.headline_metric, run.result.headline);
+  return run;
+}
+
 int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   if (!o.predictions.empty()) return run_rescore(o, argv);
   if (o.model.empty()) fail<ConfigError>("--model is required (or --predictions FILE to re-score predictions)");
@@ -167,16 +263,37 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   if (o.add_bos != "auto" && o.add_bos != "true" && o.add_bos != "false") {
     fail<ConfigError>("--add-bos must be auto, true or false, got '{}'", o.add_bos);
   }
-  if (!o.chat_template.empty() && !o.apply_chat_template) fail<ConfigError>("--template needs --apply-chat-template");
+  if (!o.chat_template.empty() && !o.apply_chat_template && o.tasks.find('=') == std::string::npos) {
+    fail<ConfigError>("--template needs --apply-chat-template (or a multimodal benchmark NAME=FILE in --tasks)");
+  }
 
   // Read every task before loading the model, so bad data fails fast.
   eval::TaskOptions task_options;
   task_options.num_fewshot = o.num_fewshot;
   task_options.limit = o.limit;
   task_options.seed = o.seed;
-  for (const auto& spec : specs) eval::check_task_name(spec);
+  // Multimodal benchmarks (NAME=FILE with NAME one of pope, mmbench, ...) are generated and scored by their
+  // toolkit's rules; the rest are lm-eval tasks.
+  std::vector<MmTask> mm_tasks;
+  std::vector<std::string> text_specs;
+  for (const auto& spec : specs) {
+    const size_t eq = spec.find('=');
+    const auto benchmark = eval::mm::parse_benchmark(spec.substr(0, eq));
+    if (!benchmark) {
+      text_specs.push_back(spec);
+      continue;
+    }
+    if (eq == std::string::npos) {
+      fail<ConfigError>("--tasks {}: a multimodal benchmark is NAME=FILE, FILE its VLMEvalKit TSV or lmms-eval rows "
+                        "(.jsonl)", spec);
+    }
+    mm_tasks.push_back({spec.substr(0, eq), *benchmark, spec.substr(eq + 1), {}});
+  }
+  for (const auto& spec : text_specs) eval::check_task_name(spec);
+  const eval::mm::ScoreOptions mm_options = mm_score_options(o);
+  for (auto& t : mm_tasks) t.data = limit_rows(eval::mm::read_benchmark(t.file, t.benchmark), o.limit);
   std::vector<eval::Task> tasks;
-  for (const auto& spec : specs) tasks.push_back(eval::load_task(spec, o.data_dir, task_options));
+  for (const auto& spec : text_specs) tasks.push_back(eval::load_task(spec, o.data_dir, task_options));
   if (o.max_new_tokens) {
     if (*o.max_new_tokens < 1) fail<ConfigError>("--max-new-tokens must be >= 1, got {}", *o.max_new_tokens);
     for (auto& t : tasks) t.generation.max_new_tokens = *o.max_new_tokens;
@@ -222,6 +339,16 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   }
   eval::Evaluator evaluator(model, tokenizer, options);
   for (const auto& task : tasks) evaluator.check(task);  // an image task on a text model fails before any scoring
+  // Multimodal benchmarks are posed as one user turn of the chat template, as both toolkits pose them.
+  eval::EvalOptions mm_eval_options = options;
+  mm_eval_options.chat_template = session.chat_template;
+  eval::Evaluator mm_evaluator(model, tokenizer, mm_eval_options);
+  for (const auto& t : mm_tasks) {
+    eval::Task probe;
+    probe.name = t.name;
+    probe.has_images = true;
+    mm_evaluator.check(probe);
+  }
 
   std::vector<eval::TaskResult> results;
   const bool tty = stream_is_tty(stderr);
@@ -250,9 +377,12 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
     results.push_back(evaluator.run(task, progress));
     if (bar) bar->finish();
   }
+  std::vector<MmRun> mm_runs;
+  for (auto& t : mm_tasks) mm_runs.push_back(run_mm_task(mm_evaluator, t, mm_options, o, tty));
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::cout << eval::results_markdown(results) << std::flush;
+  if (!results.empty()) std::cout << eval::results_markdown(results) << std::flush;
+  for (const auto& run : mm_runs) std::cout << eval::mm::result_markdown(run.result) << std::flush;
   for (const auto& r : results) {
     const bool documents = r.kind == eval::TaskKind::kPerplexity;
     std::cerr << fmt::format("[{}: {} {}, {} {}, {} tokens in {:.2f} s ({:.2f} s tokenising): {:.2f} {}/s]\n", r.task,
@@ -299,9 +429,34 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                    {"add_bos", o.add_bos},
                    {"chat_template", template_name.empty() ? Json(nullptr) : Json(template_name)},
                    {"seed", o.seed},
+                   {"rules", o.rules},
+                   {"reasoning_tags", o.reasoning_tags},
+                   {"mmmu_open", o.mmmu_open},
                    {"device", o.device},
                    {"dtype", o.dtype}};
+    Json mm_json = Json::array();
+    for (size_t i = 0; i < mm_runs.size(); ++i) {
+      const auto& run = mm_runs[i];
+      Json r = mm_result_json(run.result, mm_tasks[i].file, mm_tasks[i].data.items.size(), run.seconds);
+      r["generated_tokens"] = run.new_tokens;
+      r["items_per_s"] = static_cast<double>(mm_tasks[i].data.items.size()) / std::max(run.seconds, 1e-9);
+      const std::string name = safe_name(mm_tasks[i].name);
+      const std::string predictions =
+          "predictions_" + name + (mm_tasks[i].data.layout == "vlmevalkit" ? ".tsv" : ".jsonl");
+      eval::mm::write_predictions(mm_tasks[i].data, run.predictions, dir / predictions);
+      r["predictions"] = (dir / predictions).string();
+      mm_json.push_back(r);
+      if (o.log_samples) {
+        std::string text;
+        for (size_t k = 0; k < run.result.items.size(); ++k) {
+          Json sample = mm_sample_json(run.result.items[k]);
+          text += sample.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+        }
+        write_file_atomic(dir / ("samples_" + name + ".jsonl"), text);
+      }
+    }
     Json out = {{"results", eval::metrics_json(results)},
+                {"mm_results", mm_json},
                 {"tasks", task_info},
                 {"config", config},
                 {"model", o.model},

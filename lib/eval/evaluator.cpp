@@ -332,21 +332,23 @@ TaskResult Evaluator::run_choice(const Task& task, const EvalProgress& progress)
   return r;
 }
 
-TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progress) {
+Generations Evaluator::generate(const std::string& task, const std::vector<GenerationItem>& items,
+                                 const GenerationSpec& spec, const EvalProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
-  TaskResult r = start_result(task, static_cast<int64_t>(task.generation_items.size()));
-  const GenerationSpec& spec = task.generation;
+  Generations r;
   const int64_t budget = options_.scorer.max_length - spec.max_new_tokens;
   if (budget < 1) {
-    fail<ConfigError>("task {}: max length {} leaves no room for a prompt before {} new tokens", task.name,
+    fail<ConfigError>("task {}: max length {} leaves no room for a prompt before {} new tokens", task,
                       options_.scorer.max_length, spec.max_new_tokens);
   }
   // Prompts cut from the left to max_length - max_new_tokens tokens, as lm-eval does.
   std::vector<std::vector<int64_t>> prompts;
-  for (const auto& item : task.generation_items) {
+  bool any_images = false;
+  for (const auto& item : items) {
     std::vector<int64_t> ids = encode(image_markup(prompt_text(item.context)));
     if (ids.empty()) fail<FormatError>("{}: the prompt encodes to no tokens", item.source);
     ids = expand_images(std::move(ids), item.images, item.source);
+    any_images = any_images || !item.images.empty();
     if (static_cast<int64_t>(ids.size()) > budget) {
       const auto cut_end = ids.end() - budget;
       if (!item.images.empty() && std::find(ids.begin(), cut_end, model_->config().multimodal->image_token_index) != cut_end) {
@@ -357,7 +359,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
       }
       ids.erase(ids.begin(), cut_end);
     }
-    r.tokens += static_cast<int64_t>(ids.size());
+    r.prompt_tokens += static_cast<int64_t>(ids.size());
     prompts.push_back(std::move(ids));
   }
   r.encode_seconds = seconds_since(t0);
@@ -370,7 +372,7 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
   std::vector<size_t> order(prompts.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prompts[a].size() > prompts[b].size(); });
-  std::vector<GenerationResult> outputs(prompts.size());
+  r.outputs.resize(prompts.size());
   const size_t B = static_cast<size_t>(options_.scorer.batch_size);
   for (size_t start = 0; start < order.size(); start += B) {
     const size_t end = std::min(order.size(), start + B);
@@ -378,16 +380,30 @@ TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progr
     std::vector<ImageInputs> images;  // per prompt [N_i, C, H, W]; empty for a text task
     for (size_t i = start; i < end; ++i) {
       batch.push_back(prompts[order[i]]);
-      const GenerationItem& item = task.generation_items[order[i]];
-      if (task.has_images) images.push_back(load_images(item.images, item.source).inputs);
+      const GenerationItem& item = items[order[i]];
+      if (any_images) images.push_back(load_images(item.images, item.source).inputs);
     }
     auto out = generator.generate(batch, config, {}, images);
     for (size_t i = start; i < end; ++i) {
-      r.tokens += static_cast<int64_t>(out[i - start].new_ids.size());
-      outputs[order[i]] = std::move(out[i - start]);
+      auto& o = r.outputs[order[i]];
+      o.new_tokens = static_cast<int64_t>(out[i - start].new_ids.size());
+      o.text = std::move(out[i - start].text);
+      o.finish_reason = std::move(out[i - start].finish_reason);
     }
-    if (progress) progress(static_cast<int64_t>(end), r.items);
+    if (progress) progress(static_cast<int64_t>(end), static_cast<int64_t>(items.size()));
   }
+  return r;
+}
+
+TaskResult Evaluator::run_generation(const Task& task, const EvalProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TaskResult r = start_result(task, static_cast<int64_t>(task.generation_items.size()));
+  const GenerationSpec& spec = task.generation;
+  const Generations generated = generate(task.name, task.generation_items, spec, progress);
+  const auto& outputs = generated.outputs;
+  r.tokens = generated.prompt_tokens;
+  for (const auto& o : outputs) r.tokens += o.new_tokens;
+  r.encode_seconds = generated.encode_seconds;
   r.requests = r.items;
 
   std::vector<std::vector<double>> scores(spec.filters.size());

@@ -69,6 +69,18 @@ struct TaskResult {
 /// Called with (items done, items in the task) while a task runs.
 using EvalProgress = std::function<void(int64_t, int64_t)>;
 
+/// Greedy generations of a list of prompts, in the prompts' order.
+struct Generations {
+  struct Output {
+    std::string text;           // decoded new tokens, cut before a stop string
+    std::string finish_reason;  // "eos" | "stop" | "length"
+    int64_t new_tokens = 0;
+  };
+  std::vector<Output> outputs;
+  int64_t prompt_tokens = 0;   // after any cut
+  double encode_seconds = 0;   // tokenisation (and image planning)
+};
+
 class Evaluator {
  public:
   /// Throws ConfigError on bad options.
@@ -78,6 +90,13 @@ class Evaluator {
   /// for tasks with images IoError / FormatError naming the item's data file:line and the image when an image
   /// cannot be read or decoded.
   TaskResult run(const Task& task, const EvalProgress& progress = {});
+
+  /// Greedy generation of each item's context (the chat template applied when set, images where its placeholders
+  /// are) for at most spec.max_new_tokens tokens, stopping at spec.stop or EOS; prompts cut from the left to
+  /// max_length - max_new_tokens as lm-eval does, batched longest first. `task` names the prompts in messages;
+  /// with images, check() must have accepted a task with images first. Throws what run() throws for generation.
+  Generations generate(const std::string& task, const std::vector<GenerationItem>& items, const GenerationSpec& spec,
+                       const EvalProgress& progress = {});
 
   /// Checks, without running it, that the model can take `task`: a task with images (Task::has_images) needs a
   /// vision-language model whose folder (EvalOptions::model_dir) holds preprocessor_config.json and whose tokenizer

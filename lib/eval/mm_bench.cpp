@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "core/base64.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "data/dataset.h"
+#include "eval/regex.h"
 
 namespace swiftcpp::eval::mm {
 
@@ -233,6 +237,13 @@ BenchData read_vlmeval_tsv(const fs::path& file, Benchmark benchmark, bool keep_
   data.benchmark = benchmark;
   data.layout = "vlmevalkit";
   data.file = origin;
+  std::vector<size_t> kept;  // the columns written back with predictions
+  for (size_t c = 0; c < tsv.header.size(); ++c) {
+    if (tsv.header[c] != "image" && tsv.header[c] != "prediction") {
+      kept.push_back(c);
+      data.columns.push_back(tsv.header[c]);
+    }
+  }
   std::set<int64_t> seen;
   for (size_t r = 0; r < tsv.rows.size(); ++r) {
     const auto& row = tsv.rows[r];
@@ -263,10 +274,18 @@ BenchData read_vlmeval_tsv(const fs::path& file, Benchmark benchmark, bool keep_
     item.split = cell("split").value_or("");
     item.question_type = cell("question_type").value_or("");
     if (benchmark == Benchmark::kPope) item.categories = split_list(item.category);
-    if (keep_images) item.image = cell("image").value_or("");
+    if (keep_images) {
+      if (const auto image = cell("image")) {
+        const auto list = py::list_literal(*image);
+        item.images = list ? *list : std::vector<std::string>{*image};
+      }
+    }
     if (column.count("prediction")) item.prediction = cell("prediction").value_or("nan");  // str(NaN), as VLMEvalKit reads it
     check_item(item, benchmark);
     data.items.push_back(std::move(item));
+    std::vector<std::optional<std::string>> cells;
+    for (size_t c : kept) cells.push_back(row[c]);
+    data.cells.push_back(std::move(cells));
   }
   if (data.items.empty()) fail<FormatError>("{}: no rows after the header", origin);
   return data;
@@ -319,7 +338,6 @@ BenchData read_lmms_rows(const fs::path& file, Benchmark benchmark) {
         item.answer = json_text(doc, item.source, "answer");
         item.categories = {json_text(doc, item.source, "category")};
         item.category = item.categories.front();
-        item.image = json_text(doc, item.source, "image", false);
         break;
       case Benchmark::kMMBench: {
         item.index = std::stoll(json_text(doc, item.source, "index"));
@@ -384,8 +402,23 @@ BenchData read_lmms_rows(const fs::path& file, Benchmark benchmark) {
         item.split = json_text(doc, item.source, "type", false);
         break;
     }
+    // The images: `image` (a path or a list of paths), else MMMU's image_1..image_7.
+    if (doc.contains("image") && doc.at("image").is_array()) {
+      for (const Json& v : doc.at("image")) {
+        if (!v.is_string()) fail<FormatError>("{}: field 'image' must be a path or a list of paths", item.source);
+        item.images.push_back(v.get<std::string>());
+      }
+    } else if (doc.contains("image") && !doc.at("image").is_null()) {
+      item.images.push_back(json_text(doc, item.source, "image"));
+    } else {
+      for (int k = 1; k <= 7; ++k) {
+        const std::string field = "image_" + std::to_string(k);
+        if (doc.contains(field) && doc.at(field).is_string()) item.images.push_back(doc.at(field).get<std::string>());
+      }
+    }
     check_item(item, benchmark);
     data.items.push_back(std::move(item));
+    data.docs.push_back(doc);
   }
   if (data.items.empty()) fail<FormatError>("{}: no rows", file.string());
   return data;
@@ -643,6 +676,15 @@ void mmbench_vlmeval(const BenchData& data, BenchResult& out) {
     has_category = has_category || !g.main->category.empty();
   }
   report_acc(rows, has_split, has_l2, has_category, out);
+}
+
+// lmms-eval's MMBench prompt lists the options among A-E that have text.
+Options options_a_to_e(const Options& options) {
+  Options out;
+  for (const auto& o : options) {
+    if (o.first <= 'E' && !o.second.empty()) out.push_back(o);
+  }
+  return out;
 }
 
 Options options_a_to_d(const Options& options) {
@@ -1019,6 +1061,186 @@ BenchResult score_benchmark(const BenchData& data, const ScoreOptions& options) 
     case Benchmark::kChartQA: vlm ? chartqa_vlmeval(data, out) : chartqa_lmms(data, options, out); break;
   }
   return out;
+}
+
+
+// ---- prompts, images and predictions files ----
+
+namespace {
+
+std::string option_lines(const Options& options, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < options.size(); ++i) {
+    out += (i ? separator : "") + std::string(1, options[i].first) + ". " + options[i].second;
+  }
+  return out;
+}
+
+std::vector<PromptPart> images_then(size_t images, std::string text) {
+  std::vector<PromptPart> parts(std::max<size_t>(images, 1), PromptPart{true, ""});
+  parts.push_back({false, std::move(text)});
+  return parts;
+}
+
+// VLMEvalKit's multiple-choice prompt (ImageMCQDataset.build_prompt).
+std::string vlmeval_mcq_text(const BenchItem& item) {
+  std::string prompt;
+  if (!item.hint.empty()) prompt += "Hint: " + item.hint + "\n";
+  prompt += "Question: " + item.question + "\n";
+  if (!item.options.empty()) {
+    prompt += "Options:\n";
+    for (const auto& [letter, text] : item.options) prompt += std::string(1, letter) + ". " + text + "\n";
+    prompt += "Please select the correct answer from the options above. \n";
+  }
+  return prompt;
+}
+
+}  // namespace
+
+std::vector<PromptPart> benchmark_prompt(const BenchItem& item, Benchmark benchmark, Rules rules) {
+  const size_t images = item.images.size();
+  static const std::string kShortAnswer = "Answer the question using a single word or phrase.";
+  static const std::string kLetter = "Answer with the option's letter from the given choices directly.";
+  if (rules == Rules::kVLMEvalKit) {
+    switch (benchmark) {
+      case Benchmark::kPope: return images_then(images, item.question);
+      case Benchmark::kTextVQA:
+      case Benchmark::kChartQA: return images_then(images, item.question + "\n" + kShortAnswer);
+      case Benchmark::kMMBench:
+      case Benchmark::kScienceQA: return images_then(images, vlmeval_mcq_text(item));
+      case Benchmark::kMMMU: {
+        // MMMU puts its images where the text says "<image k>"; without such a mark they go first.
+        const std::string text = vlmeval_mcq_text(item);
+        static const Pattern kMark(R"(<image (\d+)>)");
+        const auto marks = kMark.find_all(text);
+        if (marks.empty()) return images_then(images, text);
+        std::vector<PromptPart> parts;
+        size_t from = 0;
+        for (const auto& m : marks) {
+          const size_t at = text.find(m[0], from);
+          if (at > from) parts.push_back({false, text.substr(from, at - from)});
+          parts.push_back({true, ""});
+          from = at + m[0].size();
+        }
+        if (from < text.size()) parts.push_back({false, text.substr(from)});
+        return parts;
+      }
+    }
+  }
+  switch (benchmark) {
+    case Benchmark::kPope:
+    case Benchmark::kTextVQA: return images_then(images, item.question + "\n" + kShortAnswer);
+    case Benchmark::kChartQA: return images_then(images, item.question + "\nAnswer the question with a single word.");
+    case Benchmark::kMMBench: {
+      const std::string question = item.hint.empty() ? item.question : item.hint + " " + item.question;
+      return images_then(images, question + " There are several options:\n" + option_lines(options_a_to_e(item.options), "\n") +
+                                     "\n\n" + kLetter);
+    }
+    case Benchmark::kScienceQA: {
+      const std::string context = item.hint.empty() ? "" : "Context: " + item.hint + "\n";
+      return images_then(images, context + item.question + "\n" + option_lines(item.options, "\n") + "\n" + kLetter);
+    }
+    case Benchmark::kMMMU:
+      if (mmmu_is_open(item)) return images_then(images, item.question + "\n\n" + kShortAnswer);
+      return images_then(images, item.question + "\n" + option_lines(item.options, "\n") + "\n\n" + kLetter);
+  }
+  return {};
+}
+
+std::string prompt_text(const std::vector<PromptPart>& parts) {
+  std::string out;
+  bool leading = true;
+  for (const auto& p : parts) {
+    if (p.image) {
+      out += std::string(kImagePlaceholder) + (leading ? "\n" : "");
+    } else {
+      out += p.text;
+      leading = false;
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<ImageRef>> benchmark_images(const BenchData& data) {
+  std::vector<std::vector<ImageRef>> out(data.items.size());
+  if (data.layout == "lmms-eval") {
+    const fs::path base = fs::path(data.file).parent_path();
+    for (size_t i = 0; i < data.items.size(); ++i) {
+      const BenchItem& item = data.items[i];
+      if (item.images.empty()) fail<FormatError>("{}: no image (field 'image')", item.source);
+      for (const auto& name : item.images) {
+        const fs::path path = fs::path(name).is_absolute() ? fs::path(name) : base / name;
+        if (!fs::is_regular_file(path)) fail<IoError>("{}: image {} does not exist", item.source, path.string());
+        out[i].push_back(path);
+      }
+    }
+    return out;
+  }
+  // VLMEvalKit: a cell of at most 64 characters names the row whose image it shares.
+  std::map<int64_t, size_t> row_of;
+  for (size_t i = 0; i < data.items.size(); ++i) row_of[data.items[i].index] = i;
+  std::map<std::pair<size_t, size_t>, std::shared_ptr<const std::string>> decoded;  // (row, image) -> bytes
+  std::function<std::shared_ptr<const std::string>(size_t, size_t, int)> bytes_of = [&](size_t row, size_t k, int depth) {
+    const BenchItem& item = data.items[row];
+    if (k >= item.images.size()) fail<FormatError>("{}: column 'image' has no image {}", item.source, k + 1);
+    const auto key = std::make_pair(row, k);
+    if (const auto it = decoded.find(key); it != decoded.end()) return it->second;
+    const std::string& cell = item.images[k];
+    std::shared_ptr<const std::string> bytes;
+    if (cell.size() <= 64) {
+      char* end = nullptr;
+      const long long index = std::strtoll(cell.c_str(), &end, 10);
+      const auto target = row_of.find(index);
+      if (cell.empty() || *end != '\0' || target == row_of.end() || depth > 0) {
+        fail<FormatError>("{}: column 'image' is '{}': neither base64 nor the index of a row with an image", item.source, cell);
+      }
+      bytes = bytes_of(target->second, 0, depth + 1);
+    } else {
+      auto raw = decode_base64(cell);
+      if (!raw) fail<FormatError>("{}: column 'image' is not valid base64", item.source);
+      bytes = std::make_shared<const std::string>(std::move(*raw));
+    }
+    decoded[key] = bytes;
+    return bytes;
+  };
+  for (size_t i = 0; i < data.items.size(); ++i) {
+    const BenchItem& item = data.items[i];
+    if (item.images.empty()) fail<FormatError>("{}: no image (column 'image')", item.source);
+    for (size_t k = 0; k < item.images.size(); ++k) {
+      out[i].emplace_back(bytes_of(i, k, 0), fmt::format("{} (index {}, image {})", item.source, item.index, k + 1));
+    }
+  }
+  return out;
+}
+
+void write_predictions(const BenchData& data, const std::vector<std::string>& predictions, const fs::path& file) {
+  if (predictions.size() != data.items.size()) {
+    fail<ConfigError>("{} predictions for {} rows of {}", predictions.size(), data.items.size(), data.file);
+  }
+  std::string out;
+  if (data.layout == "vlmevalkit") {
+    // pandas' to_csv(sep="\t"): a cell holding a tab, newline or quote is quoted, quotes doubled.
+    auto cell = [](const std::string& v) {
+      if (v.find_first_of("\t\n\r\"") == std::string::npos) return v;
+      std::string q = "\"";
+      for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return q + "\"";
+    };
+    for (const auto& c : data.columns) out += cell(c) + "\t";
+    out += "prediction\n";
+    for (size_t r = 0; r < data.cells.size(); ++r) {
+      for (const auto& v : data.cells[r]) out += cell(v.value_or("")) + "\t";
+      out += cell(predictions[r]) + "\n";
+    }
+  } else {
+    for (size_t r = 0; r < data.docs.size(); ++r) {
+      out += Json({{"doc_id", r}, {"doc", data.docs[r]}, {"resps", Json::array({Json::array({predictions[r]})})},
+                   {"filtered_resps", Json::array({predictions[r]})}})
+                 .dump(-1, ' ', false, Json::error_handler_t::replace) +
+             "\n";
+    }
+  }
+  write_file_atomic(file, out);
 }
 
 std::string result_markdown(const BenchResult& result) {

@@ -12,6 +12,7 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "eval/mm_rules.h"
+#include "eval/tasks.h"
 
 namespace swiftcpp::eval::mm {
 
@@ -44,7 +45,9 @@ struct BenchItem {
   std::string l2_category;              // MMBench
   std::string split;                    // MMBench (dev), ChartQA (human_test / augmented_test), ...
   std::string question_type;            // MMMU: multiple-choice or open
-  std::string image;  // the row's image: base64, a VLMEvalKit reference to another row's index, or a path
+  /// The row's images as the file gives them: VLMEvalKit's base64 cell (or a list literal of them, or a reference
+  /// to another row's index), lmms-eval's paths (`image`, or MMMU's `image_1`..`image_7`).
+  std::vector<std::string> images;
   std::optional<std::string> prediction;
 };
 
@@ -53,6 +56,11 @@ struct BenchData {
   std::string layout;  // "vlmevalkit" (TSV) or "lmms-eval" (JSON Lines)
   std::string file;
   std::vector<BenchItem> items;
+  // The rows as read, to write them back with predictions: the TSV's columns (without `image` and `prediction`)
+  // and cells, or lmms-eval's documents.
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::optional<std::string>>> cells;
+  std::vector<Json> docs;
 };
 
 /// Reads a VLMEvalKit benchmark TSV (pandas' read_csv: tab-separated, a header row, double-quoted fields with ""
@@ -112,6 +120,30 @@ struct BenchResult {
 /// Scores every row that has a prediction. Throws FormatError naming the row for a row without one, a bad gold
 /// answer, or an MMBench rotation group without its question row.
 BenchResult score_benchmark(const BenchData& data, const ScoreOptions& options);
+
+/// A piece of a prompt: text, or the place of the row's next image.
+struct PromptPart {
+  bool image = false;
+  std::string text;
+};
+
+/// The prompt a toolkit poses for a row by default: VLMEvalKit's build_prompt (the image first, or at MMMU's
+/// "<image k>" marks; "Hint:", "Question:", "Options:" for multiple choice) or lmms-eval's doc_to_text with its
+/// default post-prompt (images first).
+std::vector<PromptPart> benchmark_prompt(const BenchItem& item, Benchmark benchmark, Rules rules);
+/// The parts as one user message: kImagePlaceholder for each image ("<image>\n" when it opens the prompt).
+std::string prompt_text(const std::vector<PromptPart>& parts);
+
+/// The images of a row as the model reads them: VLMEvalKit's base64 decoded (a cell of at most 64 characters is
+/// another row's index, whose image it shares), lmms-eval's paths resolved against the rows file's folder. Throws
+/// FormatError naming file:line for undecodable base64, a reference to no row, or a row without an image; IoError
+/// for a missing image file.
+std::vector<std::vector<ImageRef>> benchmark_images(const BenchData& data);
+
+/// Writes the rows back with a prediction each, in the layout they came in: VLMEvalKit's TSV (its columns
+/// without `image`, then `prediction`, quoted as pandas writes) or lmms-eval's --log_samples records. Written
+/// under a temporary name and renamed.
+void write_predictions(const BenchData& data, const std::vector<std::string>& predictions, const fs::path& file);
 
 /// The aggregates as markdown tables: VLMEvalKit's reports one row per split, lmms-eval's metrics one per line.
 std::string result_markdown(const BenchResult& result);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "core/error.h"
@@ -390,6 +391,57 @@ TEST_F(MmEvalScoring, BadBenchmarkFilesNameTheRowAndField) {
   }
 }
 
+// The prompts each toolkit poses by default equal the ones its code built for every fixture item, and the TSV's
+// base64 images (or references to another row) decode to the photos' bytes.
+TEST_F(MmEvalScoring, PromptsAndImagesAreTheToolkitsOwn) {
+  const std::vector<std::tuple<std::string, std::string, mm::Benchmark>> benchmarks = {
+      {"pope", "pope_style.tsv", mm::Benchmark::kPope},
+      {"mmbench", "mmbench_dev_en_style.tsv", mm::Benchmark::kMMBench},
+      {"scienceqa_img", "scienceqa_img_style.tsv", mm::Benchmark::kScienceQA},
+      {"mmmu", "mmmu_style.tsv", mm::Benchmark::kMMMU},
+      {"textvqa", "textvqa_style.tsv", mm::Benchmark::kTextVQA},
+      {"chartqa", "chartqa_style.tsv", mm::Benchmark::kChartQA}};
+  for (const auto& [name, tsv, benchmark] : benchmarks) {
+    const Json fx = load_fixture(name);
+    const mm::BenchData data = mm::read_benchmark(fixtures() / tsv, benchmark);
+    const auto images = mm::benchmark_images(data);
+    std::map<int64_t, size_t> row_of;
+    for (size_t i = 0; i < data.items.size(); ++i) row_of[data.items[i].index] = i;
+    for (const Json& item : fx.at("items")) {
+      const int64_t index = item.contains("vlmevalkit_index") ? item.at("vlmevalkit_index").get<int64_t>() : item.at("index").get<int64_t>();
+      const mm::BenchItem& row = data.items.at(row_of.at(index));
+      std::vector<mm::PromptPart> want;
+      for (const Json& part : item.at("prompt_vlmevalkit")) {
+        want.push_back(part.at("type") == "image" ? mm::PromptPart{true, ""} : mm::PromptPart{false, part.at("value")});
+      }
+      const auto got = mm::benchmark_prompt(row, benchmark, mm::Rules::kVLMEvalKit);
+      ASSERT_EQ(got.size(), want.size()) << row.source;
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_EQ(got[k].image, want[k].image) << row.source;
+        EXPECT_EQ(got[k].text, want[k].text) << row.source;
+      }
+      const auto lmms = mm::benchmark_prompt(row, benchmark, mm::Rules::kLmmsEval);
+      ASSERT_EQ(lmms.size(), 2u) << row.source;
+      EXPECT_TRUE(lmms[0].image);
+      EXPECT_EQ(lmms[1].text, item.at("prompt_lmms_eval").get<std::string>()) << row.source;
+      const auto& image = images.at(row_of.at(index));
+      ASSERT_EQ(image.size(), 1u) << row.source;
+      EXPECT_EQ(*image[0].bytes, read_all(fixtures() / "images" / (item.at("image").get<std::string>() + ".jpg"))) << row.source;
+    }
+  }
+  // A VLMEvalKit image cell naming no row, and undecodable base64, are errors naming file:line.
+  const auto bad = dir_ / "bad.tsv";
+  std::ofstream(bad) << "index\tquestion\tanswer\tcategory\timage\n1\tq\tYes\trandom\t7\n";
+  EXPECT_THROW(mm::benchmark_images(mm::read_benchmark(bad, mm::Benchmark::kPope)), FormatError);
+  std::ofstream(bad) << "index\tquestion\tanswer\tcategory\timage\n1\tq\tYes\trandom\t" << std::string(80, '*') << "\n";
+  try {
+    (void)mm::benchmark_images(mm::read_benchmark(bad, mm::Benchmark::kPope));
+    ADD_FAILURE() << "no error for bad base64";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.tsv:2: column 'image' is not valid base64"), std::string::npos) << e.what();
+  }
+}
+
 using MmEvalCli = MmEvalScoring;
 
 // `eval --predictions`: VLMEvalKit's prediction TSV and lmms-eval's samples re-scored without a model, under either
@@ -430,6 +482,58 @@ TEST_F(MmEvalCli, RescoresPredictionsUnderEitherToolkitsRules) {
     EXPECT_NE(run.code, 0) << args;
     EXPECT_NE(run.out.find(message), std::string::npos) << args << ": " << run.out;
   }
+}
+
+// `eval --model --tasks NAME=FILE`: a vision-language model answers a benchmark's rows (VLMEvalKit TSV with
+// base64 images, lmms-eval rows with image paths) with each toolkit's prompt; the answer of a row equals `infer
+// --image` on the same prompt and photo, the predictions file it writes re-scores to the same result, and --limit
+// keeps whole MMBench questions.
+TEST_F(MmEvalCli, AVisionModelAnswersBenchmarksAsInferDoes) {
+  const fs::path model = test::assets() / "reference/llava/tiny-llava";
+  SWIFTCPP_REQUIRE_SHARED(model / "config.json");
+  const auto out = dir_ / "run";
+  auto run = test::run_cli(fmt::format(
+      "--threads 2 eval --model {} --tasks mmbench={},pope={} --limit 3 --max-new-tokens 6 --output-dir {} --log-samples",
+      model.string(), (fixtures() / "mmbench_dev_en_style.tsv").string(),
+      (fixtures() / "pope_lmms_eval_style.jsonl").string(), out.string()));
+  ASSERT_EQ(run.code, 0) << run.out;
+  const Json results = load_json_file(out / "results.json");
+  ASSERT_EQ(results.at("mm_results").size(), 2u);
+  const Json& mmbench = results.at("mm_results").at(0);
+  EXPECT_EQ(mmbench.at("rows"), 9);  // questions 1-3 with their rotations (4 + 3 + 2)
+  const auto samples = read_json_lines(out / "samples_mmbench.jsonl");
+  ASSERT_EQ(samples.size(), 9u);
+  // Row index 1 asked alone through infer: the same greedy answer.
+  const std::string prompt =
+      "Question: What is the main object in the image?\nOptions:\nA. a coffee cup\nB. a rocket\nC. a cat\nD. a camera\n"
+      "Please select the correct answer from the options above. \n";
+  const auto prompts = dir_ / "prompts.jsonl";
+  std::ofstream(prompts) << Json({{"prompt", "<image>\n" + prompt}, {"images", {(fixtures() / "images/coffee.jpg").string()}}}).dump()
+                         << "\n";
+  const auto infer = test::run_cli(fmt::format("infer --model {} --prompts-file {} --output {} --temperature 0 --max-new-tokens 6",
+                                               model.string(), prompts.string(), (dir_ / "infer.jsonl").string()));
+  ASSERT_EQ(infer.code, 0) << infer.out;
+  std::string row1;
+  for (const Json& sample : samples) {
+    if (sample.at("index") == 1) row1 = sample.at("prediction").get<std::string>();
+  }
+  EXPECT_EQ(read_json_lines(dir_ / "infer.jsonl").at(0).at("response").get<std::string>(), row1);
+  // The predictions files re-score to the results the run reported.
+  for (const auto& [task, file, index] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"mmbench", "predictions_mmbench.tsv", 0}, {"pope", "predictions_pope.jsonl", 1}}) {
+    const auto again = dir_ / ("again_" + task);
+    run = test::run_cli(fmt::format("eval --predictions {} --tasks {} --output-dir {}", (out / file).string(), task,
+                                    again.string()));
+    ASSERT_EQ(run.code, 0) << run.out;
+    EXPECT_EQ(load_json_file(again / "results.json").at("mm_results").at(0).at("aggregate"),
+              results.at("mm_results").at(index).at("aggregate"))
+        << task;
+  }
+  // A text model cannot take a benchmark with images.
+  run = test::run_cli(fmt::format("eval --model {} --tasks pope={}", test::stories_dir().string(),
+                                  (fixtures() / "pope_lmms_eval_style.jsonl").string()));
+  EXPECT_EQ(run.code, 2) << run.out;
+  EXPECT_NE(run.out.find("text model"), std::string::npos) << run.out;
 }
 
 }  // namespace
