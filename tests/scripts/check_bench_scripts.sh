@@ -101,4 +101,21 @@ if "$PYTHON" bench/report_vision_memory.py "$vm" 2>"$tmp/err"; then
     exit 1
 fi
 grep -q "runs.jsonl" "$tmp/err" || { echo "FAIL: the vision memory report's error does not name the file" >&2; exit 1; }
-echo "bench scripts parse; the contention, builds and vision memory reports read their results"
+# bench/report_mm_eval.py: two rounds, batch 1 at 2.0 and 2.5 items/s, batch 8 at 5.0 both times (ratios 2.5 and
+# 2.0, median 2.25x); a measurement without its fields is an error naming the file.
+mme=$tmp/mm-eval
+mkdir -p "$mme"
+for r in 1 2; do
+    echo "{\"round\": $r, \"batch\": 1, \"load\": 1.0, \"rows\": 54, \"items_per_s\": $([[ $r == 1 ]] && echo 2.0 || echo 2.5)}" >> "$mme/results.jsonl"
+    echo "{\"round\": $r, \"batch\": 8, \"load\": 2.0, \"rows\": 54, \"items_per_s\": 5.0}" >> "$mme/results.jsonl"
+done
+report=$("$PYTHON" bench/report_mm_eval.py "$mme")
+expect "| 1 | 2.25 [2.00-2.50] | 1.00x | 1.0, 1.0 |"
+expect "| 8 | 5.00 [5.00-5.00] | 2.25x | 2.0, 2.0 |"
+echo '{"round": 3}' >> "$mme/results.jsonl"
+if "$PYTHON" bench/report_mm_eval.py "$mme" 2>"$tmp/err"; then
+    echo "FAIL: the mm eval report accepted a measurement without its fields" >&2
+    exit 1
+fi
+grep -q "results.jsonl:5" "$tmp/err" || { echo "FAIL: the mm eval report's error does not name the file" >&2; exit 1; }
+echo "bench scripts parse; the contention, builds, vision memory and mm eval reports read their results"
