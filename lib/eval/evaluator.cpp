@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <list>
 #include <map>
 #include <numeric>
+
+#include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
 #include "data/dataset.h"
@@ -369,21 +372,61 @@ Generations Evaluator::generate(const std::string& task, const std::vector<Gener
   config.stop_strings = spec.stop;
   for (int id : tokenizer_->specials().eos) config.eos_ids.push_back(id);
   Generator generator(model_, tokenizer_);
+  // Prompts run longest first. With images, prompts that show the same images run one after another (a
+  // benchmark's rotations, or its questions about one photo), longest first among them, and each distinct image
+  // set goes through the vision tower once: its features are kept for the last few sets.
+  std::vector<std::string> image_keys(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (const ImageRef& image : items[i].images) {
+      image_keys[i] += (image.bytes ? fmt::format("@{}", static_cast<const void*>(image.bytes.get())) : image.file.string()) + "\n";
+    }
+  }
   std::vector<size_t> order(prompts.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prompts[a].size() > prompts[b].size(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (any_images && image_keys[a] != image_keys[b]) return image_keys[a] < image_keys[b];
+    return prompts[a].size() > prompts[b].size();
+  });
   r.outputs.resize(prompts.size());
   const size_t B = static_cast<size_t>(options_.scorer.batch_size);
+  struct Encoded {
+    ImageInputs inputs;  // the grids (variable-size images); pixel values dropped once encoded
+    at::Tensor features;
+  };
+  std::list<std::pair<std::string, Encoded>> recent;  // most recent first
+  const size_t keep = std::max<size_t>(2 * B, 16);
+  auto encoded = [&](size_t i) -> const Encoded& {
+    const std::string& key = image_keys[i];
+    for (auto it = recent.begin(); it != recent.end(); ++it) {
+      if (it->first == key) {
+        recent.splice(recent.begin(), recent, it);
+        return recent.front().second;
+      }
+    }
+    Encoded e;
+    e.inputs = load_images(items[i].images, items[i].source).inputs;
+    if (!e.inputs.empty()) {
+      c10::InferenceMode guard;
+      e.features = model_->vision()->encode(e.inputs.pixel_values.to(model_->device()), e.inputs.image_grid_thw);
+      e.inputs.pixel_values = at::Tensor();
+    }
+    recent.emplace_front(key, std::move(e));
+    if (recent.size() > keep) recent.pop_back();
+    return recent.front().second;
+  };
   for (size_t start = 0; start < order.size(); start += B) {
     const size_t end = std::min(order.size(), start + B);
     std::vector<std::vector<int64_t>> batch;
-    std::vector<ImageInputs> images;  // per prompt [N_i, C, H, W]; empty for a text task
+    std::vector<ImageInputs> images;      // per prompt: the grids of variable-size images
+    std::vector<at::Tensor> features;     // per prompt: its images through the tower; empty for a text task
     for (size_t i = start; i < end; ++i) {
       batch.push_back(prompts[order[i]]);
-      const GenerationItem& item = items[order[i]];
-      if (any_images) images.push_back(load_images(item.images, item.source).inputs);
+      if (!any_images) continue;
+      const Encoded& e = encoded(order[i]);
+      images.push_back(e.inputs);
+      features.push_back(e.features);
     }
-    auto out = generator.generate(batch, config, {}, images);
+    auto out = generator.generate(batch, config, {}, images, features);
     for (size_t i = start; i < end; ++i) {
       auto& o = r.outputs[order[i]];
       o.new_tokens = static_cast<int64_t>(out[i - start].new_ids.size());

@@ -88,8 +88,13 @@ void Engine::validate(const SequenceRequest& request) const {
       fail<ConfigError>("prompt token id {} is outside the vocabulary (0..{})", id, V - 1);
     }
   }
-  if (request.pixel_values.defined() && request.pixel_values.numel() > 0 && !config.multimodal) {
+  const bool has_features = request.image_features.defined() && request.image_features.numel() > 0;
+  if (((request.pixel_values.defined() && request.pixel_values.numel() > 0) || has_features) && !config.multimodal) {
     fail<ModelError>("images were given, but this model ({}) takes text only", config.model_type);
+  }
+  if (has_features && request.adapter != 0) {
+    fail<ConfigError>("precomputed image features are the base model's; a request with adapter {} needs pixel values",
+                      request.adapter);
   }
   const GenerationConfig& gen = request.config;
   if (gen.max_new_tokens < 0) fail<ConfigError>("max_new_tokens must be >= 0, got {}", gen.max_new_tokens);
@@ -244,7 +249,8 @@ void Engine::prefill(std::vector<SequenceUpdate>& updates) {
     const int64_t total = static_cast<int64_t>(prompt.size());
     if (seq->filled >= total || seq->cancelled) continue;
     if (budget <= 0) break;
-    const bool images = seq->request.pixel_values.defined() && seq->request.pixel_values.numel() > 0;
+    const bool images = (seq->request.pixel_values.defined() && seq->request.pixel_values.numel() > 0) ||
+                        (seq->request.image_features.defined() && seq->request.image_features.numel() > 0);
     // A prompt with images is prefilled whole: its image-token runs take the vision features in one forward.
     const int64_t n = images ? total : std::min(total - seq->filled, budget);
     const at::Device device = model_->device();
@@ -273,6 +279,7 @@ void Engine::prefill(std::vector<SequenceUpdate>& updates) {
 
 at::Tensor Engine::image_features(const Sequence& seq) {
   const SequenceRequest& r = seq.request;
+  if (r.image_features.defined() && r.image_features.numel() > 0) return r.image_features.to(model_->device());
   // Entries no sequence refers to any more (only this list holds their tensor) are dropped first.
   shared_features_.erase(std::remove_if(shared_features_.begin(), shared_features_.end(),
                                         [](const SharedFeatures& f) { return f.pixel_values.use_count() <= 1; }),

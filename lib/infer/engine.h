@@ -33,6 +33,10 @@ struct SequenceRequest {
   std::vector<int64_t> prompt;  // token ids, non-empty (image-token runs already expanded)
   at::Tensor pixel_values;      // vision-language models: the prompt's images [N, C, H, W]; undefined for none
   at::Tensor image_grid_thw;    // variable-size images: [N, 3] (pixel_values then [patches, C T P P])
+  /// The vision tower's output for the prompt's images, computed beforehand ([N, F, D] or the rows of every image
+  /// [M, D]; used instead of pixel_values, with image_grid_thw still giving variable-size images' grids), so a
+  /// caller that shows one image to many prompts encodes it once. Base model only (adapter 0).
+  at::Tensor image_features;
   GenerationConfig config;
   /// Log-probabilities of the model's own distribution (log_softmax of the logits, before penalties and
   /// sampling filters): -1 none; 0..20 the chosen token's and that many most likely tokens'.

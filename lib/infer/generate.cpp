@@ -38,8 +38,13 @@ at::Tensor Generator::prompt_logits(const std::vector<int64_t>& prompt, const Im
 
 std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<int64_t>>& prompts,
                                                   const GenerationConfig& config, const TextCallback& on_text,
-                                                  const std::vector<ImageInputs>& images) {
+                                                  const std::vector<ImageInputs>& images,
+                                                  const std::vector<at::Tensor>& image_features) {
   if (prompts.empty()) return {};
+  if (!image_features.empty() && image_features.size() != prompts.size()) {
+    fail<ConfigError>("{} image feature tensors given for {} prompts (one per prompt)", image_features.size(),
+                      prompts.size());
+  }
   if (!images.empty() && images.size() != prompts.size()) {
     fail<ConfigError>("{} image lists given for {} prompts (one per prompt, empty for none)", images.size(),
                       prompts.size());
@@ -74,6 +79,10 @@ std::vector<GenerationResult> Generator::generate(const std::vector<std::vector<
     if (!images.empty()) {
       request.pixel_values = images[i].pixel_values;
       request.image_grid_thw = images[i].image_grid_thw;
+    }
+    if (!image_features.empty()) {
+      request.image_features = image_features[i];
+      if (image_features[i].defined()) request.pixel_values = at::Tensor();  // the features stand for them
     }
     request.config = config;
     ids.push_back(engine.add(std::move(request)));

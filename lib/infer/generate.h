@@ -35,11 +35,15 @@ class Generator {
   /// min(max_new_tokens, max_position_embeddings - prompt length) new tokens, with a warning (core/runtime.h)
   /// when max_new_tokens is cut that way. Vision-language models take `images`: per prompt, its images (empty for
   /// none: pixel values [N_i, C, H, W], or patch rows with their grids), matching the prompt's image-token runs
-  /// (ids already expanded); the images are encoded once, in the prefill. Throws ConfigError on bad settings, an empty prompt or
-  /// a prompt longer than max_position_embeddings, ModelError when images do not fit the prompts or the model.
+  /// (ids already expanded); the images are encoded once, in the prefill. `image_features`, when given (one per
+  /// prompt, undefined for none), holds each prompt's images already through the vision tower
+  /// (SequenceRequest::image_features); `images` then still gives variable-size images' grids. Throws ConfigError
+  /// on bad settings, an empty prompt or a prompt longer than max_position_embeddings, ModelError when images do
+  /// not fit the prompts or the model.
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
                                          const GenerationConfig& config, const TextCallback& on_text = {},
-                                         const std::vector<ImageInputs>& images = {});
+                                         const std::vector<ImageInputs>& images = {},
+                                         const std::vector<at::Tensor>& image_features = {});
 
   /// Raw `text` as encode_raw_prompt (infer/session.h) tokenises it.
   std::vector<int64_t> encode_prompt(const std::string& text) const;

@@ -518,6 +518,14 @@ TEST_F(MmEvalCli, AVisionModelAnswersBenchmarksAsInferDoes) {
     if (sample.at("index") == 1) row1 = sample.at("prediction").get<std::string>();
   }
   EXPECT_EQ(read_json_lines(dir_ / "infer.jsonl").at(0).at("response").get<std::string>(), row1);
+  // One prompt at a time (each image through the tower per prompt batch, or kept from the last ones): the same
+  // answers as eight at a time.
+  const auto single = dir_ / "single";
+  run = test::run_cli(fmt::format("--threads 2 eval --model {} --tasks mmbench={} --limit 3 --max-new-tokens 6 "
+                                  "--batch-size 1 --output-dir {}",
+                                  model.string(), (fixtures() / "mmbench_dev_en_style.tsv").string(), single.string()));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_EQ(read_all(single / "predictions_mmbench.tsv"), read_all(out / "predictions_mmbench.tsv"));
   // The predictions files re-score to the results the run reported.
   for (const auto& [task, file, index] : std::vector<std::tuple<std::string, std::string, int>>{
            {"mmbench", "predictions_mmbench.tsv", 0}, {"pope", "predictions_pope.jsonl", 1}}) {
