@@ -50,6 +50,45 @@ inline std::pair<std::string_view, std::string_view> split_once(std::string_view
   return {input.substr(0, at), input.substr(at + separator.size())};
 }
 
+/// Structured values drawn from the input bytes, front to back; once the bytes run out every draw gives its
+/// smallest value. (Targets build with any compiler, so this does not use clang's FuzzedDataProvider.)
+class ByteReader {
+ public:
+  ByteReader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  /// An integer in [lo, hi] from as many bytes as the range needs.
+  template <typename T>
+  T integer_in(T lo, T hi) {
+    if (hi <= lo) return lo;
+    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+    uint64_t value = 0;
+    for (uint64_t seen = 0; seen < span && pos_ < size_; seen = (seen << 8) | 0xFF) value = (value << 8) | data_[pos_++];
+    return static_cast<T>(static_cast<uint64_t>(lo) + (span == UINT64_MAX ? value : value % (span + 1)));
+  }
+  bool boolean() { return integer_in<uint8_t>(0, 1) == 1; }
+  /// Up to `max_length` bytes, ended early by a backslash that is not followed by another (so a string can hold
+  /// any byte and the next value starts after it).
+  std::string string(size_t max_length) {
+    std::string out;
+    while (out.size() < max_length && pos_ < size_) {
+      const char c = static_cast<char>(data_[pos_++]);
+      if (c == '\\') {
+        if (pos_ < size_ && data_[pos_] == '\\') {
+          ++pos_;
+        } else {
+          break;
+        }
+      }
+      out += c;
+    }
+    return out;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
 /// Runs `body`, swallowing swiftcpp's typed errors (the documented reaction to bad input).
 template <typename F>
 void expect_clean(F&& body) {

@@ -12,9 +12,9 @@ jobs="${FUZZ_JOBS:-1}"
 build="$root/build-fuzz"
 shared="${SWIFTCPP_SHARED_DIR:-$root/../shared}"
 
-all_targets=(fuzz_safetensors fuzz_safetensors_index fuzz_gguf fuzz_hf_config fuzz_tokenizer_json
-             fuzz_tokenizer_config fuzz_sentencepiece fuzz_dataset fuzz_recipe fuzz_chat_template fuzz_eval_archive
-             fuzz_eval_tasks fuzz_image)
+# Every fuzz/fuzz_*.cpp is a target (fuzz/CMakeLists.txt builds them all).
+all_targets=()
+for f in "$root"/fuzz/fuzz_*.cpp; do all_targets+=("$(basename "$f" .cpp)"); done
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 
