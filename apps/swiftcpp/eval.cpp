@@ -263,8 +263,15 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   if (o.add_bos != "auto" && o.add_bos != "true" && o.add_bos != "false") {
     fail<ConfigError>("--add-bos must be auto, true or false, got '{}'", o.add_bos);
   }
-  if (!o.chat_template.empty() && !o.apply_chat_template && o.tasks.find('=') == std::string::npos) {
-    fail<ConfigError>("--template needs --apply-chat-template (or a multimodal benchmark NAME=FILE in --tasks)");
+  {
+    // --template picks the chat template of --apply-chat-template, or of multimodal benchmarks (always chat turns).
+    bool multimodal = false;
+    for (const auto& spec : specs) {
+      multimodal = multimodal || (spec.find('=') != std::string::npos && eval::mm::parse_benchmark(spec.substr(0, spec.find('='))));
+    }
+    if (!o.chat_template.empty() && !o.apply_chat_template && !multimodal) {
+      fail<ConfigError>("--template needs --apply-chat-template (or a multimodal benchmark NAME=FILE in --tasks)");
+    }
   }
 
   // Read every task before loading the model, so bad data fails fast.

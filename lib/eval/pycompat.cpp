@@ -11,7 +11,56 @@
 
 namespace swiftcpp::eval::py {
 
-std::u32string decode(std::string_view s) {
+namespace {
+
+// The length of the valid UTF-8 sequence at s[i] (no overlong forms, surrogates or code points past U+10FFFF), or
+// 0 when there is none.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto at = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+  const unsigned b = at(0);
+  const auto cont = [&](size_t k) { return (at(k) & 0xC0u) == 0x80u; };
+  if (b < 0x80) return 1;
+  if (b >= 0xC2 && b <= 0xDF) return cont(1) ? 2 : 0;
+  if (b >= 0xE0 && b <= 0xEF) {
+    const unsigned c = at(1);
+    const bool second = b == 0xE0 ? (c >= 0xA0 && c <= 0xBF) : b == 0xED ? (c >= 0x80 && c <= 0x9F) : cont(1);
+    return second && cont(2) ? 3 : 0;
+  }
+  if (b >= 0xF0 && b <= 0xF4) {
+    const unsigned c = at(1);
+    const bool second = b == 0xF0 ? (c >= 0x90 && c <= 0xBF) : b == 0xF4 ? (c >= 0x80 && c <= 0x8F) : cont(1);
+    return second && cont(2) && cont(3) ? 4 : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string repair_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t n = utf8_sequence(s, i);
+    if (n == 0) break;
+    i += n;
+  }
+  if (i == s.size()) return std::string(s);
+  std::string out(s.substr(0, i));
+  while (i < s.size()) {
+    const size_t n = utf8_sequence(s, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::u32string decode(std::string_view raw) {
+  const std::string repaired = repair_utf8(raw);
+  const std::string_view s = repaired;
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;

@@ -11,7 +11,10 @@
 
 namespace swiftcpp::eval::py {
 
-/// UTF-8 text as code points (a stray byte is one code point of its own value) and back.
+/// `s` with each byte that starts no valid UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
+/// included) replaced by U+FFFD, as Python decodes bytes with errors="replace"; `s` itself when it is valid.
+std::string repair_utf8(std::string_view s);
+/// UTF-8 text as code points (repaired as repair_utf8 does) and back.
 std::u32string decode(std::string_view s);
 std::string encode(const std::u32string& s);
 /// len(str): the number of code points.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "eval/pycompat.h"
 
 namespace swiftcpp::eval {
 
@@ -49,7 +50,8 @@ size_t next_start(const std::string& s, size_t begin, size_t end) {
 }
 }  // namespace
 
-std::vector<std::vector<std::string>> Pattern::find_all(const std::string& s, size_t max_matches) const {
+std::vector<std::vector<std::string>> Pattern::find_all(const std::string& text, size_t max_matches) const {
+  const std::string s = py::repair_utf8(text);
   std::vector<std::vector<std::string>> out;
   std::vector<size_t> ov;
   size_t start = 0;
@@ -69,7 +71,8 @@ std::vector<std::string> Pattern::search(const std::string& s) const {
   return all.empty() ? std::vector<std::string>{} : std::move(all.front());
 }
 
-std::string Pattern::replace_all(const std::string& s, const std::string& replacement, size_t count) const {
+std::string Pattern::replace_all(const std::string& text, const std::string& replacement, size_t count) const {
+  const std::string s = py::repair_utf8(text);
   std::string out;
   std::vector<size_t> ov;
   size_t last = 0, start = 0, done = 0;

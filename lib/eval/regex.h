@@ -11,6 +11,8 @@ struct pcre2_real_match_data_8;
 
 namespace swiftcpp::eval {
 
+/// A compiled pattern. Subjects that are not valid UTF-8 (a model's output can hold any bytes) are matched, and
+/// their matches returned, as py::repair_utf8 gives them (lib/eval/pycompat.h).
 class Pattern {
  public:
   /// Throws ConfigError naming the pattern and the offset of a syntax error. `unicode`: \d, \w, \s and \b follow

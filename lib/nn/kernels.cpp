@@ -20,6 +20,18 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+// The code between SWIFTCPP_TARGET_PUSH(isa) and SWIFTCPP_TARGET_POP() is compiled for `isa`: gcc's target
+// pragma, or clang's attribute on every function of the region (the fuzz build compiles the library with clang).
+#define SWIFTCPP_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wunknown-warning-option"
+#define SWIFTCPP_TARGET_PUSH(isa) SWIFTCPP_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define SWIFTCPP_TARGET_POP() SWIFTCPP_PRAGMA(clang attribute pop)
+#else
+#define SWIFTCPP_TARGET_PUSH(isa) SWIFTCPP_PRAGMA(GCC push_options) SWIFTCPP_PRAGMA(GCC target(isa))
+#define SWIFTCPP_TARGET_POP() SWIFTCPP_PRAGMA(GCC pop_options)
+#endif
+
 namespace swiftcpp::kernels {
 
 // Each variant is the same source compiled for its instruction set; nothing here is inlined across variants.
@@ -29,28 +41,25 @@ namespace generic {
 #undef KERNEL_LANES
 }  // namespace generic
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+SWIFTCPP_TARGET_PUSH("avx2,fma,f16c")
 namespace avx2 {
 #define KERNEL_LANES 8
 #include "nn/kernels_impl.inc"
 #undef KERNEL_LANES
 }  // namespace avx2
-#pragma GCC pop_options
+SWIFTCPP_TARGET_POP()
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+SWIFTCPP_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 #define KERNEL_LANES 16
 #include "nn/kernels_impl.inc"
 #undef KERNEL_LANES
 }  // namespace avx512
-#pragma GCC pop_options
+SWIFTCPP_TARGET_POP()
 
 // Integer weights times int8 activations with AVX512_VNNI: one vpdpbusd (unsigned weight bytes times signed
 // activation bytes, four products summed into each int32 lane) per 32 weights of a block.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+SWIFTCPP_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {
 
 // Blocks b and b + 1 of row o (the second only when `two`) as 64 bytes in column order, block b in the low half
@@ -127,12 +136,11 @@ void gemv_quant_q8(const QuantMatrix& w, const int8_t* xq, const float* d, const
 }
 
 }  // namespace vnni
-#pragma GCC pop_options
+SWIFTCPP_TARGET_POP()
 
 // bfloat16 weights times bfloat16 activations with AVX512_BF16: vdpbf16ps multiplies 32 pairs exactly and adds them
 // into 16 float32 lanes, with no conversion of the weights.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+SWIFTCPP_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 namespace bf16dp {
 
 template <int MB>
@@ -177,7 +185,7 @@ void gemv(const uint16_t* w, int64_t cols, const float* x, int64_t ldx, int64_t 
 }
 
 }  // namespace bf16dp
-#pragma GCC pop_options
+SWIFTCPP_TARGET_POP()
 
 namespace {
 bool cpu_bf16_dot() {
@@ -192,7 +200,12 @@ Isa detect() {
       __builtin_cpu_supports("avx512dq")) {
     return __builtin_cpu_supports("avx512vnni") ? Isa::kAvx512Vnni : Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+#if defined(__clang__)
+  const bool f16c = true;  // clang's __builtin_cpu_supports does not know "f16c"; every AVX2 CPU has it
+#else
+  const bool f16c = __builtin_cpu_supports("f16c");
+#endif
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
     return Isa::kAvx2;
   }
   return Isa::kGeneric;

@@ -15,7 +15,9 @@
 
 #include "core/error.h"
 #include "eval/mm_bench.h"
+#include "eval/metrics.h"
 #include "eval/mm_rules.h"
+#include "eval/regex.h"
 #include "eval/pycompat.h"
 #include "tests/test_util.h"
 
@@ -440,6 +442,25 @@ TEST_F(MmEvalScoring, PromptsAndImagesAreTheToolkitsOwn) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("bad.tsv:2: column 'image' is not valid base64"), std::string::npos) << e.what();
   }
+}
+
+// A model's answer may hold any bytes: every rule scores it (invalid UTF-8 read as Python's errors="replace" reads
+// it) instead of failing in the regex engine. Found by fuzz_mm_bench: "matching the regex ... failed (code -22)".
+TEST(MmRules, AnswersThatAreNotUtf8AreScored) {
+  const mm::Options options = {{'A', "a cup"}, {'B', "a cat"}};
+  const std::string bad = "The answer is \xb9 B \xff\xfe";
+  EXPECT_EQ(mm::vlmeval_can_infer(bad, options), "B");
+  EXPECT_EQ(mm::vlmeval_can_infer("the answer is b \xc0\xaf", options), "B");  // an overlong form is invalid too
+  EXPECT_EQ(mm::vlmeval_yes_no("\xe0\x80 yes"), "Yes");
+  EXPECT_EQ(mm::lmms_extract_mcq_answer(bad, {'A', 'B'}), "B");
+  EXPECT_EQ(mm::lmms_vqa_normalize("caf\xe9 1.5"), "caf\xef\xbf\xbd 1.5");
+  py::Random rng(0);
+  EXPECT_EQ(mm::lmms_mmmu_choice("(B) \xed\xa0\x80", options, rng).letter, "B");  // a surrogate
+  EXPECT_NO_THROW((void)mm::mmmu_parse_open("so it is \xf5 12"));
+  EXPECT_EQ(py::repair_utf8("ok \xe2\x82\xac"), "ok \xe2\x82\xac");
+  EXPECT_EQ(py::repair_utf8("a\x80" "b"), "a\xef\xbf\xbd" "b");
+  eval::AnswerFilter filter{"strict", "#### (\\-?[0-9\\.\\,]+)", 0, "[invalid]"};
+  EXPECT_EQ(eval::extract_answer("\xff so #### 42", filter), "42");
 }
 
 using MmEvalCli = MmEvalScoring;
