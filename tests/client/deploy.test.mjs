@@ -573,6 +573,86 @@ await check('image parts (data URL, loopback URL, allowed file) answer as infer 
   }
 });
 
+await check('soak: concurrent clients with random valid and invalid requests; every answer well-formed, /health 200, memory flat', async () => {
+  // SWIFTCPP_SOAK_SECONDS (default 20 in the suite; 60 for the full soak) of 6 clients against --parallel 2 and
+  // --max-queue 8, each sending one request after another, picked by a seeded generator from valid ones (chat,
+  // streamed chat, completions with n 2, token-id prompts) and invalid ones (malformed JSON, a token id past the
+  // vocabulary, n 100, a negative temperature, a broken data URL, a wrong key, a wrong route). Every answer must be
+  // its expected status (a valid request may also meet a full queue: 503) with a well-formed body: a completion
+  // with choices, a stream of data: lines ending in [DONE], or an OpenAI error object without library text.
+  const seconds = Number(process.env.SWIFTCPP_SOAK_SECONDS || 20);
+  const pid = server.child.pid;
+  let state = 20261207;
+  const rand = () => { state = (state * 1103515245 + 12345) % 2147483648; return state / 2147483648; };
+  const body = (extra) => JSON.stringify({ model: 'stories', messages: [{ role: 'user', content: prompts[Math.floor(rand() * 8)] }],
+                                           max_tokens: 8, temperature: 0, ...extra });
+  const kinds = [
+    ['chat', () => ['/v1/chat/completions', body({})], 200],
+    ['stream', () => ['/v1/chat/completions', body({ stream: true, stream_options: { include_usage: true } })], 200],
+    ['completions n 2', () => ['/v1/completions', JSON.stringify({ prompt: prompts[Math.floor(rand() * 8)], max_tokens: 6, n: 2, seed: 3 })], 200],
+    ['token ids', () => ['/v1/completions', JSON.stringify({ prompt: [1, 100, 200], max_tokens: 4 })], 200],
+    ['malformed JSON', () => ['/v1/chat/completions', '{"messages": [{"role": "user", "content": "hi"'], 400],
+    ['token id past the vocabulary', () => ['/v1/completions', JSON.stringify({ prompt: [1, 99999], max_tokens: 2 })], 400],
+    ['n 100', () => ['/v1/chat/completions', body({ n: 100 })], 400],
+    ['negative temperature', () => ['/v1/chat/completions', body({ temperature: -1 })], 400],
+    ['broken data URL', () => ['/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: [
+      { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] })], 400],
+    ['wrong key', () => ['/v1/chat/completions', body({}), 401, 'Bearer nope'], 401],
+    ['wrong route', () => ['/v1/engines', body({})], 404],
+  ];
+  const send = async () => {
+    const [name, make, expected] = kinds[Math.floor(rand() * kinds.length)];
+    const [path, payload, , auth] = make();
+    const r = await fetch(`${server.base}${path}`, { method: 'POST', body: payload,
+      headers: { 'Content-Type': 'application/json', Authorization: auth ?? `Bearer ${key}` } });
+    const text = await r.text();
+    const ok = r.status === expected || (expected === 200 && r.status === 503);
+    assert.ok(ok, `${name}: status ${r.status}, expected ${expected}: ${text.slice(0, 200)}`);
+    if (r.status !== 200) {
+      const e = JSON.parse(text).error;
+      assert.ok(e && typeof e.message === 'string' && 'type' in e, `${name}: ${text.slice(0, 200)}`);
+      assert.ok(!/frame #|Exception raised|c10::/.test(e.message), `${name}: library text in ${text.slice(0, 300)}`);
+    } else if (text.startsWith('data: ')) {
+      const events = text.split('\n\n').filter((x) => x.length);
+      assert.equal(events[events.length - 1], 'data: [DONE]', `${name}: ${text.slice(-200)}`);
+      for (const ev of events.slice(0, -1)) JSON.parse(ev.slice(6));
+    } else {
+      const j = JSON.parse(text);
+      assert.ok(Array.isArray(j.choices) && j.choices.length >= 1 && j.usage, `${name}: ${text.slice(0, 200)}`);
+    }
+    return name;
+  };
+  const client_loop = async (until, counts) => {
+    while (Date.now() < until) counts.push(await send());
+  };
+  // Warm-up round, then the memory baseline.
+  await client_loop(Date.now() + 2000, []);
+  const rss0 = rssKiB(pid), fd0 = fdCount(pid), th0 = threadCount(pid);
+  const counts = [];
+  const until = Date.now() + seconds * 1000;
+  let healthWorst = 0, healthChecks = 0;
+  const health = (async () => {
+    while (Date.now() < until) {
+      const t0 = Date.now();
+      const h = await fetch(`${server.base}/health`);
+      await h.text();
+      assert.equal(h.status, 200, '/health during the soak');
+      healthWorst = Math.max(healthWorst, Date.now() - t0);
+      healthChecks += 1;
+      await new Promise((res) => setTimeout(res, 200));
+    }
+  })();
+  await Promise.all([...Array.from({ length: 6 }, () => client_loop(until, counts)), health]);
+  await new Promise((res) => setTimeout(res, 300));
+  const rss1 = rssKiB(pid), fd1 = fdCount(pid), th1 = threadCount(pid);
+  console.log(`     soak: ${counts.length} requests in ${seconds} s, ${healthChecks} health checks (worst ${healthWorst} ms), ` +
+              `RSS ${rss0} -> ${rss1} KiB, fds ${fd0} -> ${fd1}, threads ${th0} -> ${th1}`);
+  assert.ok(counts.length >= 6 * seconds / 2, `only ${counts.length} requests in ${seconds} s`);
+  assert.ok(rss1 - rss0 < 48 * 1024, `RSS ${rss0} -> ${rss1} KiB`);
+  assert.ok(fd1 <= fd0 + 2, `fds ${fd0} -> ${fd1}`);
+  assert.ok(th1 <= th0 + 2, `threads ${th0} -> ${th1}`);
+});
+
 await check('SIGTERM exits cleanly', async () => {
   const code = await new Promise((resolve) => {
     server.child.on('exit', (c, sig) => resolve(c ?? sig));
