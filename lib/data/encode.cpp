@@ -370,9 +370,17 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
   std::vector<int> ids;
   std::vector<char> trained;  // per token
   std::string prefix;
+  // A row without images that is cut on the right (or deleted) when too long stops being rendered once its tokens
+  // run kStableTail past max_length: later text can only change the last tokens of the prefix (a piece or a
+  // pre-token never spans more than a few), so the first max_length tokens and their labels are final, and a huge
+  // row costs one tokenisation of what comes before the cut instead of one per later segment.
+  constexpr size_t kStableTail = 64;
+  const bool may_stop = c.images.empty() && options_.truncation != TruncationStrategy::kLeft;
+  bool stopped = false;
   // Appends `text` to the rendered prefix. The whole prefix is tokenised again and the tokens past its common
   // part with what we had are the new text's, so every id is what tokenising the full text gives.
   auto append = [&](const std::string& text, bool train) {
+    if (stopped) return;
     prefix += text;
     const std::vector<int> upto = tokenize_rendered(*tokenizer_, prefix);
     size_t common = 0;
@@ -383,10 +391,13 @@ std::optional<Sample> SampleEncoder::encode(const Conversation& c) const {
       ids.push_back(upto[j]);
       trained.push_back(train ? 1 : 0);
     }
+    if (may_stop && options_.max_length > 0 && ids.size() > static_cast<size_t>(options_.max_length) + kStableTail) {
+      stopped = true;
+    }
   };
   const auto& specials = tokenizer_->specials();
   auto append_eos = [&] {
-    if (specials.eos.empty()) return;
+    if (stopped || specials.eos.empty()) return;
     ids.push_back(specials.eos.front());
     trained.push_back(1);
   };

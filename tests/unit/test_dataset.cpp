@@ -207,6 +207,49 @@ TEST(Encode, TruncationStrategies) {
   EXPECT_GT(n, 6u);
 }
 
+// A huge turn after the kept window stops the rendering early (one tokenisation, not one per later segment): the
+// right-cut sample equals the whole row rendered and cut, labels included; "delete" still drops it.
+TEST(Encode, AHugeRowIsCutAsIfRenderedWhole) {
+  auto tok = stories_tokenizer();
+  std::string huge;
+  const char* words[] = {"the", "little", "girl", "ran", "to", "park", "and", "saw", "a", "big", "dog", "."};
+  for (int i = 0; i < 40000; ++i) huge += std::string(words[(i * 7) % 12]) + (i % 13 == 0 ? "\n" : " ");
+  Json row = {{"messages", {{{"role", "system"}, {"content", "Be kind."}},
+                            {{"role", "user"}, {"content", "Hi"}},
+                            {{"role", "assistant"}, {"content", "Hello there, friend."}},
+                            {{"role", "user"}, {"content", huge}},
+                            {{"role", "assistant"}, {"content", "See you."}}}}};
+  const Conversation c = normalise_row(row, "w");
+  for (const char* name : {"chatml", "raw"}) {
+    const auto tmpl = std::string(name) == "raw" ? nullptr : make_chat_template(name);
+    EncodeOptions whole;
+    whole.max_length = 1 << 24;
+    const auto ref = SampleEncoder(tok, tmpl, whole).encode(c);
+    ASSERT_TRUE(ref.has_value());
+    int kept = 0;
+    for (int64_t L : {24, 40, 64, 96, 200}) {
+      EncodeOptions o;
+      o.max_length = L;
+      o.truncation = TruncationStrategy::kRight;
+      const auto s = SampleEncoder(tok, tmpl, o).encode(c);
+      std::vector<int64_t> ids(ref->input_ids.begin(), ref->input_ids.begin() + L);
+      std::vector<int64_t> labels(ref->labels.begin(), ref->labels.begin() + L);
+      labels.back() = kIgnoreIndex;  // its target was cut
+      if (std::all_of(labels.begin(), labels.end(), [](int64_t l) { return l == kIgnoreIndex; })) {
+        EXPECT_FALSE(s.has_value()) << name << " " << L;  // nothing trained in the window: dropped, as whole
+        continue;
+      }
+      ASSERT_TRUE(s.has_value()) << name << " " << L;
+      ++kept;
+      EXPECT_EQ(std::vector<int64_t>(s->input_ids.begin(), s->input_ids.end()), ids) << name << " " << L;
+      EXPECT_EQ(std::vector<int64_t>(s->labels.begin(), s->labels.end()), labels) << name << " " << L;
+      o.truncation = TruncationStrategy::kDelete;
+      EXPECT_FALSE(SampleEncoder(tok, tmpl, o).encode(c).has_value()) << name << " " << L;
+    }
+    EXPECT_GE(kept, 2) << name;  // the wider windows hold the first answer
+  }
+}
+
 TEST(Pipeline, StrictStopsAtTheFirstBadRowOtherwiseCountsByReason) {
   const fs::path dir = temp_dir("pipe_bad");
   write_file_atomic(dir / "d.jsonl",
