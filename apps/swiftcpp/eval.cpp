@@ -149,6 +149,37 @@ int run_rescore(const EvalCliOptions& o, const std::vector<std::string>& argv) {
   return 0;
 }
 
+// A task's progress bar on stderr, made at the first report (when the total is known): items (or windows) done and
+// their rate since the bar was made.
+class TaskProgress {
+ public:
+  TaskProgress(std::string task, std::string unit, bool tty)
+      : task_(std::move(task)), unit_(std::move(unit)), tty_(tty), start_(std::chrono::steady_clock::now()) {}
+  eval::EvalProgress callback() {
+    return [this](int64_t done, int64_t total) {
+      if (!bar_) {
+        bar_ = std::make_unique<ProgressBar>(std::max<int64_t>(total, 1), std::cerr, tty_, std::max<int64_t>(total / 10, 1));
+        bar_->set_line_width(terminal_columns(stderr));
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      ProgressStats stats;
+      stats.elapsed_s = s;
+      stats.unit = unit_;
+      stats.fields = fmt::format("{} | {:.2f} {}s/s", task_, done / std::max(s, 1e-9), unit_);
+      bar_->update(done, stats);
+    };
+  }
+  void finish() {
+    if (bar_) bar_->finish();
+  }
+
+ private:
+  std::string task_, unit_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+  std::unique_ptr<ProgressBar> bar_;
+};
+
 struct MmTask {
   std::string name;  // as --tasks wrote it
   eval::mm::Benchmark benchmark;
@@ -213,21 +244,9 @@ MmRun run_mm_task(eval::Evaluator& evaluator, MmTask& task, const eval::mm::Scor
   spec.max_new_tokens = o.max_new_tokens.value_or(128);
   std::cerr << fmt::format("[{}: {} rows from {}, {} prompts, {} new tokens at most]\n", task.name, items.size(), task.file,
                            eval::mm::rules_name(options.rules), spec.max_new_tokens);
-  std::unique_ptr<ProgressBar> bar;
-  auto progress = [&](int64_t done, int64_t total) {
-    if (!bar) {
-      bar = std::make_unique<ProgressBar>(std::max<int64_t>(total, 1), std::cerr, tty, std::max<int64_t>(total / 10, 1));
-      bar->set_line_width(terminal_columns(stderr));
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ProgressStats stats;
-    stats.elapsed_s = s;
-    stats.unit = "item";
-    stats.fields = fmt::format("{} | {:.2f} items/s", task.name, done / std::max(s, 1e-9));
-    bar->update(done, stats);
-  };
-  const eval::Generations generated = evaluator.generate(task.name, items, spec, progress);
-  if (bar) bar->finish();
+  TaskProgress progress(task.name, "item", tty);
+  const eval::Generations generated = evaluator.generate(task.name, items, spec, progress.callback());
+  progress.finish();
   MmRun run;
   for (size_t i = 0; i < generated.outputs.size(); ++i) {
     run.predictions.push_back(generated.outputs[i].text);
@@ -366,23 +385,10 @@ int run_eval(const EvalCliOptions& o, const std::vector<std::string>& argv) {
                                                                         : task.choice_items.size(),
                              task.kind == eval::TaskKind::kPerplexity ? "documents" : "items", task.source,
                              task.num_fewshot > 0 ? fmt::format(", {}-shot", task.num_fewshot) : "");
-    std::unique_ptr<ProgressBar> bar;
-    const auto task_start = std::chrono::steady_clock::now();
-    auto progress = [&](int64_t done, int64_t total) {
-      if (!bar) {
-        bar = std::make_unique<ProgressBar>(std::max<int64_t>(total, 1), std::cerr, tty, std::max<int64_t>(total / 10, 1));
-        bar->set_line_width(terminal_columns(stderr));
-      }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - task_start).count();
-      ProgressStats stats;
-      stats.elapsed_s = s;  // the bar starts at the first batch's end; the task started before tokenising
-      stats.unit = task.kind == eval::TaskKind::kPerplexity ? "window" : "item";
-      const char* unit = task.kind == eval::TaskKind::kPerplexity ? "windows" : "items";
-      stats.fields = fmt::format("{} | {:.2f} {}/s", task.name, done / std::max(s, 1e-9), unit);
-      bar->update(done, stats);
-    };
-    results.push_back(evaluator.run(task, progress));
-    if (bar) bar->finish();
+    // The bar starts at the first batch's end; the task started before tokenising.
+    TaskProgress progress(task.name, task.kind == eval::TaskKind::kPerplexity ? "window" : "item", tty);
+    results.push_back(evaluator.run(task, progress.callback()));
+    progress.finish();
   }
   std::vector<MmRun> mm_runs;
   for (auto& t : mm_tasks) mm_runs.push_back(run_mm_task(mm_evaluator, t, mm_options, o, tty));

@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "core/base64.h"
 #include "core/error.h"
@@ -126,14 +124,6 @@ Tsv parse_tsv(const std::string& text, const std::string& origin) {
   return out;
 }
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail<IoError>("cannot read {}", file.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The gold of a yes/no question: "Yes" or "No" (either case, surrounding whitespace ignored).
 std::string yes_no_gold(const std::string& answer, const std::string& where) {
   const std::string a = py::lower(py::strip(answer));
@@ -217,7 +207,7 @@ Rules parse_rules(const std::string& name) {
 
 BenchData read_vlmeval_tsv(const fs::path& file, Benchmark benchmark, bool keep_images) {
   const std::string origin = file.string();
-  const Tsv tsv = parse_tsv(read_text(file), origin);
+  const Tsv tsv = parse_tsv(read_text_file(file), origin);
   std::map<std::string, size_t> column;
   for (size_t c = 0; c < tsv.header.size(); ++c) {
     if (!column.emplace(tsv.header[c], c).second) fail<FormatError>("{}:1: column '{}' appears twice", origin, tsv.header[c]);
@@ -702,7 +692,7 @@ void mmbench_lmms(const BenchData& data, const ScoreOptions& options, BenchResul
     // eval_sub_data: any prefetched letter that is wrong fails the question; the rest go to the static task's
     // extract_mcq_answer, and an empty or wrong letter fails it.
     std::vector<ItemResult> results;
-    int hit = 1;
+    bool prefetch_wrong = false, extract_wrong = false;
     for (const BenchItem* item : g.rows) {
       ItemResult r = base_result(*item);
       r.prediction = lmms_response(*item, options);
@@ -711,20 +701,15 @@ void mmbench_lmms(const BenchData& data, const ScoreOptions& options, BenchResul
       std::vector<char> letters;
       for (const auto& o : abcd) letters.push_back(o.first);
       const std::string extracted = lmms_extract_mcq_answer(r.prediction, letters);
+      if (!prefetched.empty()) prefetch_wrong = prefetch_wrong || prefetched != item->answer;
+      else extract_wrong = extract_wrong || extracted != item->answer;
       r.parsed = prefetched.empty() ? extracted : prefetched;
       r.detail = {{"response_after_reasoning_strip", r.prediction},
                   {"prefetch_can_infer", prefetched.empty() ? Json(false) : Json(prefetched)},
                   {"static_extract_mcq_answer", extracted}};
       results.push_back(r);
     }
-    for (size_t i = 0; i < g.rows.size() && hit; ++i) {
-      const std::string p = results[i].detail["prefetch_can_infer"].is_string() ? results[i].detail["prefetch_can_infer"].get<std::string>() : "";
-      if (!p.empty() && p != g.rows[i]->answer) hit = 0;
-    }
-    for (size_t i = 0; i < g.rows.size() && hit; ++i) {
-      if (results[i].detail["prefetch_can_infer"].is_string()) continue;
-      if (results[i].detail["static_extract_mcq_answer"].get<std::string>() != g.rows[i]->answer) hit = 0;
-    }
+    const int hit = prefetch_wrong || extract_wrong ? 0 : 1;
     for (auto& r : results) {
       r.score = hit;
       out.items.push_back(std::move(r));
