@@ -21,22 +21,32 @@ Pattern::Pattern(const std::string& pattern, bool unicode) : pattern_(pattern) {
     pcre2_get_error_message(code, buffer.data(), buffer.size());
     fail<ConfigError>("invalid regex '{}' at offset {}: {}", pattern, offset, reinterpret_cast<const char*>(buffer.data()));
   }
-  data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
   uint32_t groups = 0;
   pcre2_pattern_info(code_, PCRE2_INFO_CAPTURECOUNT, &groups);
   groups_ = static_cast<int>(groups);
 }
 
 Pattern::~Pattern() {
-  pcre2_match_data_free(data_);
   pcre2_code_free(code_);
 }
 
-bool Pattern::match_at(const std::string& s, size_t start, std::vector<size_t>& offsets) const {
-  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, 0, data_, nullptr);
+namespace {
+// Match data of one call: a Pattern is shared (function-local statics), so nothing mutable lives in it.
+struct MatchData {
+  explicit MatchData(const pcre2_code* code) : data(pcre2_match_data_create_from_pattern(code, nullptr)) {}
+  ~MatchData() { pcre2_match_data_free(data); }
+  MatchData(const MatchData&) = delete;
+  MatchData& operator=(const MatchData&) = delete;
+  pcre2_match_data* data;
+};
+}  // namespace
+
+bool Pattern::match_at(const std::string& s, size_t start, std::vector<size_t>& offsets,
+                       pcre2_real_match_data_8* data) const {
+  const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, 0, data, nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) fail<FormatError>("matching the regex '{}' failed (code {})", pattern_, rc);
-  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_);
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
   offsets.assign(ov, ov + 2 * (groups_ + 1));
   return true;
 }
@@ -55,7 +65,8 @@ std::vector<std::vector<std::string>> Pattern::find_all(const std::string& text,
   std::vector<std::vector<std::string>> out;
   std::vector<size_t> ov;
   size_t start = 0;
-  while (start <= s.size() && out.size() < max_matches && match_at(s, start, ov)) {
+  const MatchData data(code_);
+  while (start <= s.size() && out.size() < max_matches && match_at(s, start, ov, data.data)) {
     std::vector<std::string> m;
     for (int g = 0; g <= groups_; ++g) {
       m.push_back(ov[2 * g] == PCRE2_UNSET ? std::string() : s.substr(ov[2 * g], ov[2 * g + 1] - ov[2 * g]));
@@ -76,7 +87,8 @@ std::string Pattern::replace_all(const std::string& text, const std::string& rep
   std::string out;
   std::vector<size_t> ov;
   size_t last = 0, start = 0, done = 0;
-  while (start <= s.size() && (count == 0 || done < count) && match_at(s, start, ov)) {
+  const MatchData data(code_);
+  while (start <= s.size() && (count == 0 || done < count) && match_at(s, start, ov, data.data)) {
     out += s.substr(last, ov[0] - last);
     out += replacement;
     last = ov[1];

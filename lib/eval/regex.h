@@ -15,7 +15,7 @@ namespace swiftcpp::eval {
 /// their matches returned, as py::repair_utf8 gives them (lib/eval/pycompat.h).
 class Pattern {
  public:
-  /// Throws ConfigError naming the pattern and the offset of a syntax error. `unicode`: \d, \w, \s and \b follow
+  /// Safe to share between threads (each match allocates its own match data). Throws ConfigError naming the pattern and the offset of a syntax error. `unicode`: \d, \w, \s and \b follow
   /// Unicode properties, as a Python str pattern does (PCRE2_UCP); else they are ASCII.
   explicit Pattern(const std::string& pattern, bool unicode = false);
   ~Pattern();
@@ -36,11 +36,10 @@ class Pattern {
 
  private:
   // Offsets [begin, end) of each group of the next match at or after `start`; false when none.
-  bool match_at(const std::string& s, size_t start, std::vector<size_t>& offsets) const;
+  bool match_at(const std::string& s, size_t start, std::vector<size_t>& offsets, pcre2_real_match_data_8* data) const;
 
   std::string pattern_;
   pcre2_real_code_8* code_ = nullptr;
-  pcre2_real_match_data_8* data_ = nullptr;
   int groups_ = 0;
 };
 
